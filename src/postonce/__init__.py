@@ -1,0 +1,59 @@
+"""postonce: make a non-idempotent HTTP call happen once.
+
+One idempotency key per intent, written ahead to a durable outbox, carried by
+every retry, and never re-sent after the provider may have forgotten it.
+"""
+
+from __future__ import annotations
+
+from ._client import Client, OnceOptions
+from ._exceptions import (
+    ConfigurationError,
+    IdempotencyKeyMismatch,
+    IntentCancelled,
+    IntentConflict,
+    IntentError,
+    IntentExpired,
+    IntentPending,
+    InvalidKey,
+    InvalidRequest,
+    OutboxError,
+    PostonceError,
+    UnknownProvider,
+)
+from ._intent import IntentInfo, IntentRecord, Outcome, State, StoredResponse
+from ._outbox import SQLiteStore, Store, default_outbox_path
+from ._policy import RetryPolicy
+from ._version import __version__
+from .providers import BUILTIN_PROVIDERS, Provider, StatusRule, get_provider
+
+__all__ = [
+    "BUILTIN_PROVIDERS",
+    "Client",
+    "ConfigurationError",
+    "IdempotencyKeyMismatch",
+    "IntentCancelled",
+    "IntentConflict",
+    "IntentError",
+    "IntentExpired",
+    "IntentInfo",
+    "IntentPending",
+    "IntentRecord",
+    "InvalidKey",
+    "InvalidRequest",
+    "OnceOptions",
+    "OutboxError",
+    "Outcome",
+    "PostonceError",
+    "Provider",
+    "RetryPolicy",
+    "SQLiteStore",
+    "State",
+    "StatusRule",
+    "Store",
+    "StoredResponse",
+    "UnknownProvider",
+    "__version__",
+    "default_outbox_path",
+    "get_provider",
+]

@@ -1,0 +1,131 @@
+"""The one exception tree of postonce.
+
+Every error postonce raises derives from :class:`PostonceError`::
+
+    PostonceError
+    ├── ConfigurationError        a programmer error in how a client was set up
+    │   └── UnknownProvider       a provider name with no built-in profile
+    ├── InvalidRequest            this call's input was refused before anything was stored
+    │   └── InvalidKey            a key the provider cannot take raw on the wire
+    ├── OutboxError               the outbox could not be opened, read or written
+    └── IntentError               what became of one stored intent
+        ├── IntentConflict        same reference, different request (nothing sent)
+        ├── IntentPending         the foreground gave up; the intent waits for the drain
+        ├── IntentExpired         the provider may have forgotten the key: reconcile by hand
+        ├── IntentCancelled       never delivered and stopped (operator or deadline)
+        └── IdempotencyKeyMismatch the server says the key was used with another request
+
+Errors raised while handling an intent carry its ``reference`` and ``key``
+(``key`` is ``None`` only where none was minted yet) and name both in their
+message. Delivery outcomes that are answers (a 402, a 500 the provider
+replays) are not errors: they come back as the ``httpx.Response``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigurationError",
+    "IdempotencyKeyMismatch",
+    "IntentCancelled",
+    "IntentConflict",
+    "IntentError",
+    "IntentExpired",
+    "IntentPending",
+    "InvalidKey",
+    "InvalidRequest",
+    "OutboxError",
+    "PostonceError",
+    "UnknownProvider",
+]
+
+
+class PostonceError(Exception):
+    """Root of every error postonce raises."""
+
+    def __init__(
+        self, message: str, *, reference: str | None = None, key: str | None = None
+    ) -> None:
+        self.reference = reference
+        self.key = key
+        self.message = message
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        named = []
+        if self.reference is not None:
+            named.append(f"intent {self.reference!r}")
+        if self.key is not None:
+            named.append(f"key {self.key}")
+        return f"{self.message} ({', '.join(named)})" if named else self.message
+
+
+class ConfigurationError(PostonceError):
+    """The client, a profile or a policy was set up wrongly."""
+
+
+class UnknownProvider(ConfigurationError):
+    """A provider was named that has no built-in profile."""
+
+
+class InvalidRequest(PostonceError):
+    """The request could not become an intent: nothing was stored or sent."""
+
+
+class InvalidKey(InvalidRequest):
+    """The key breaks the provider's rules or cannot travel raw on the wire."""
+
+
+class OutboxError(PostonceError):
+    """The outbox could not be opened, read or written.
+
+    When this is raised on the write-ahead commit, nothing was sent.
+    """
+
+
+class IntentError(PostonceError):
+    """Something about one stored intent stops this call."""
+
+    def __init__(self, message: str, *, reference: str, key: str | None) -> None:
+        super().__init__(message, reference=reference, key=key)
+
+
+class IntentConflict(IntentError):
+    """The reference is already stored for a different request; nothing was sent."""
+
+
+class IntentPending(IntentError):
+    """The foreground budget ran out; the intent stays pending for the drain.
+
+    ``due_at`` is the Unix time at which the intent may next be sent, when known.
+    """
+
+    def __init__(
+        self, message: str, *, reference: str, key: str | None, due_at: float | None = None
+    ) -> None:
+        self.due_at = due_at
+        super().__init__(message, reference=reference, key=key)
+
+
+class IntentExpired(IntentError):
+    """Delivery was ambiguous and the provider may have forgotten the key.
+
+    The intent is never sent again, with this key or any other: a person or a
+    reconciliation job must look up whether the provider executed it.
+    """
+
+
+class IntentCancelled(IntentError):
+    """The intent was never delivered and will not be: cancelled or past its deadline."""
+
+
+class IdempotencyKeyMismatch(IntentError):
+    """The server reports the key was first used with a different request.
+
+    ``response`` is the server's answer. This is never retried.
+    """
+
+    def __init__(
+        self, message: str, *, reference: str, key: str | None, response: object = None
+    ) -> None:
+        self.response = response
+        super().__init__(message, reference=reference, key=key)

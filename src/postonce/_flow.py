@@ -1,0 +1,304 @@
+"""The life of one ``request_once`` call, as a generator of I/O requests.
+
+:func:`run` decides everything and performs no I/O. It yields effects — a
+store call, a send, a sleep — and is resumed with each result (or has the
+effect's exception thrown into it). A shell drives it in a short loop:
+``Client`` with blocking calls, an async client with awaits. So the order of
+durable writes and sends, which is what makes the guarantees hold, is written
+down once, here.
+
+The order, in short: the write-ahead (``open_intent``) commits the intent
+and its lease before the first send; each attempt is recorded, fenced by the
+lease token, before the next step is taken; the horizon gate runs before every
+send that may reach a server that has seen the key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from ._classify import classify_exception, classify_response, is_replay
+from ._engine import Budget, Step, StepKind, decide, gate
+from ._exceptions import (
+    IdempotencyKeyMismatch,
+    IntentCancelled,
+    IntentConflict,
+    IntentError,
+    IntentExpired,
+    IntentPending,
+)
+from ._intent import TERMINAL, IntentInfo, IntentRecord, Outcome, State
+from ._outbox.base import AttemptRecord, Lease, NewIntent
+from ._outbox.sqlite import storable_response
+from ._policy import RetryPolicy
+from ._wire import Prepared, wire_headers
+from .providers import Provider
+
+__all__ = ["Call", "Send", "Sleep", "StoreCall", "from_outbox", "run"]
+
+
+@dataclass(frozen=True, slots=True)
+class StoreCall:
+    """Call ``store.<method>(**kwargs)``; resume with its result."""
+
+    method: str
+    kwargs: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Send ``request`` and read the whole answer; resume with the ``httpx.Response``."""
+
+    request: httpx.Request
+
+
+@dataclass(frozen=True, slots=True)
+class Sleep:
+    seconds: float
+
+
+Effect = StoreCall | Send | Sleep
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """Everything one call needs, fixed before it starts."""
+
+    prepared: Prepared
+    provider: Provider
+    policy: RetryPolicy
+    deadline_at: float | None
+    owner: str
+    lease_seconds: float
+    clock: Callable[[], float]
+    build_request: Callable[..., httpx.Request]
+    timeout: Any  # an httpx timeout, or httpx's USE_CLIENT_DEFAULT
+
+
+def _annotate(response: httpx.Response, info: IntentInfo) -> httpx.Response:
+    response.extensions["postonce"] = info
+    return response
+
+
+def from_outbox(record: IntentRecord) -> httpx.Response:
+    """The stored answer of a terminal intent, or the error that stands for it."""
+    if record.state is State.EXPIRED:
+        raise IntentExpired(
+            record.note or "delivery was ambiguous past the retry horizon; reconcile it",
+            reference=record.reference,
+            key=record.key,
+        )
+    if record.state is State.CANCELLED:
+        raise IntentCancelled(
+            record.note or "the intent was cancelled", reference=record.reference, key=record.key
+        )
+    stored = record.response
+    if stored is None:
+        raise IntentError(
+            f"the intent is {record.state.value} with no stored answer",
+            reference=record.reference,
+            key=record.key,
+        )
+    response = httpx.Response(
+        stored.status,
+        headers=list(stored.headers),
+        content=stored.body,
+        request=httpx.Request(record.method, record.url),
+    )
+    info = IntentInfo(
+        reference=record.reference,
+        key=record.key,
+        state=record.state,
+        attempts=record.attempts,
+        replayed=False,
+        from_outbox=True,
+        truncated=stored.truncated,
+    )
+    if record.last_outcome is Outcome.MISMATCH:
+        raise IdempotencyKeyMismatch(
+            "the server refused the key as used for another request",
+            reference=record.reference,
+            key=record.key,
+            response=_annotate(response, info),
+        )
+    return _annotate(response, info)
+
+
+def _new_intent(call: Call) -> NewIntent:
+    p = call.prepared
+    return NewIntent(
+        reference=p.reference,
+        key=p.key,
+        key_given=p.key_given,
+        provider=call.provider.name,
+        method=p.method,
+        url=p.url,
+        headers=p.headers,
+        body=p.body,
+        fingerprint=p.fingerprint,
+        deadline_at=call.deadline_at,
+    )
+
+
+def _stop(step: Step, record: IntentRecord) -> Exception:
+    exc_type = IntentCancelled if step.kind is StepKind.CANCEL else IntentExpired
+    return exc_type(step.reason, reference=record.reference, key=record.key)
+
+
+def run(call: Call) -> Generator[Effect, Any, httpx.Response]:
+    """Drive one intent to a final answer, or to the error that says where it stands."""
+    policy, provider, clock = call.policy, call.provider, call.clock
+    started = clock()
+    ends_at = started + policy.timeout if policy.timeout is not None else None
+    new = _new_intent(call)
+
+    # The write-ahead: nothing is sent until this commit holds the intent and our lease.
+    while True:
+        opened = yield StoreCall(
+            "open_intent",
+            {"new": new, "owner": call.owner, "now": clock(), "lease_for": call.lease_seconds},
+        )
+        record: IntentRecord = opened.record
+        if opened.conflict is not None:
+            raise IntentConflict(
+                f"{opened.conflict}; nothing was sent", reference=record.reference, key=record.key
+            )
+        if opened.lease is not None:
+            break
+        if record.state in TERMINAL:
+            return from_outbox(record)
+        # Another sender holds the lease: wait for it to finish or to die.
+        now = clock()
+        wait = min(max(0.0, (record.lease_expires_at or now) - now), policy.in_flight_max)
+        if ends_at is not None and now + wait > ends_at:
+            raise IntentPending(
+                "another worker is sending this intent",
+                reference=record.reference,
+                key=record.key,
+                due_at=record.lease_expires_at,
+            )
+        yield Sleep(max(wait, 0.01))
+
+    lease: Lease = opened.lease
+    claimed_anchor = record.first_delivery_at
+    delivered_maybe = opened.anchor_before is not None
+
+    stop = gate(clock(), anchor=opened.anchor_before, deadline_at=record.deadline_at,
+                provider=provider, policy=policy)
+    if stop is not None:
+        yield StoreCall("settle", {"lease": lease, "now": clock(), "state": stop.state,
+                                   "note": stop.reason})
+        raise _stop(stop, record)
+    if record.due_at is not None and record.due_at > clock():
+        if ends_at is not None and record.due_at > ends_at:
+            yield StoreCall("release", {"lease": lease, "now": clock(), "due_at": record.due_at})
+            raise IntentPending("the intent is not due yet", reference=record.reference,
+                                key=record.key, due_at=record.due_at)
+        yield Sleep(record.due_at - clock())
+
+    attempt = record.attempts
+    attempts_left = policy.attempts
+    p = call.prepared
+    headers = wire_headers(record.headers, p.secret_headers, record.key, provider)
+    while True:
+        attempt += 1
+        attempts_left -= 1
+        if lease.expires_at - clock() < call.lease_seconds / 2:
+            renewed = yield StoreCall("renew", {"lease": lease, "now": clock(),
+                                                "until": clock() + call.lease_seconds})
+            if renewed is None:
+                raise IntentPending("another worker took over this intent",
+                                    reference=record.reference, key=record.key)
+            lease = renewed
+        request = call.build_request(record.method, record.url, content=record.body,
+                                     headers=headers, timeout=call.timeout)
+        sent_at = clock()
+        response: httpx.Response | None = None
+        error_type: str | None = None
+        try:
+            response = yield Send(request)
+        except httpx.TransportError as exc:
+            outcome = classify_exception(exc)
+            error_type = type(exc).__name__
+            cause: Exception | None = exc
+        except Exception as exc:
+            # Not a transport failure (an event hook, a broken transport): the
+            # request may have been written. Keep the intent for the drain.
+            yield StoreCall("record", {
+                "lease": lease,
+                "attempt": AttemptRecord(sent_at, clock() - sent_at, Outcome.AMBIGUOUS, None,
+                                         type(exc).__name__, False),
+                "state": State.PENDING, "anchor": claimed_anchor, "due_at": clock(),
+                "lease_until": None, "response": None, "note": None, "durable": False,
+            })
+            raise
+        else:
+            outcome = classify_response(response.status_code, response.headers,
+                                        response.content, provider)
+            cause = None
+        duration = clock() - sent_at
+        delivered_maybe = delivered_maybe or outcome is not Outcome.NOT_SENT
+        anchor = claimed_anchor if delivered_maybe else None
+        now = clock()
+        step = decide(
+            outcome,
+            status=response.status_code if response is not None else None,
+            headers=response.headers if response is not None else httpx.Headers(),
+            now=now, attempt=attempt, anchor=anchor, deadline_at=record.deadline_at,
+            provider=provider, policy=policy,
+            budget=Budget(attempts_left=attempts_left, ends_at=ends_at),
+        )
+        replayed = response is not None and is_replay(response.headers, provider)
+        keeps_answer = step.kind in (StepKind.FINISH, StepKind.MISMATCH)
+        retrying = step.kind is StepKind.RETRY
+        lease_until = now + step.wait + call.lease_seconds if retrying else None
+        # A lost 2xx record, retry or deferral is repaired by a replay; anything
+        # else a provider might not replay is committed durably.
+        durable = not (retrying or step.kind is StepKind.DEFER
+                       or step.state is State.SUCCEEDED)
+        ok = yield StoreCall("record", {
+            "lease": lease,
+            "attempt": AttemptRecord(sent_at, duration, outcome,
+                                     response.status_code if response is not None else None,
+                                     error_type, replayed),
+            "state": step.state,
+            # A retry keeps the claim's anchor: the next send may be delivered.
+            "anchor": claimed_anchor if retrying else anchor,
+            "due_at": step.due_at if step.kind is StepKind.DEFER else None,
+            "lease_until": lease_until,
+            "response": storable_response(response.status_code,
+                                          response.headers.multi_items(), response.content)
+            if keeps_answer and response is not None else None,
+            "note": step.reason or None,
+            "durable": durable,
+        })
+        info = IntentInfo(reference=record.reference, key=record.key, state=step.state,
+                          attempts=attempt, replayed=replayed, from_outbox=False)
+        if not ok and not (step.kind is StepKind.FINISH and response is not None):
+            raise IntentPending("another worker took over this intent",
+                                reference=record.reference, key=record.key)
+        if step.kind is StepKind.FINISH:
+            assert response is not None
+            return _annotate(response, info)
+        if step.kind is StepKind.MISMATCH:
+            assert response is not None
+            raise IdempotencyKeyMismatch(
+                f"{provider.name} refused the key as used for another request "
+                f"(HTTP {response.status_code}); it is never retried",
+                reference=record.reference, key=record.key, response=_annotate(response, info),
+            )
+        if step.kind is StepKind.DEFER:
+            raise IntentPending(
+                f"gave up in the foreground after {attempt} attempt(s) (last: {outcome.value}); "
+                "the intent is pending for the drain",
+                reference=record.reference, key=record.key, due_at=step.due_at,
+            ) from cause
+        if step.kind in (StepKind.EXPIRE, StepKind.CANCEL):
+            raise _stop(step, record) from cause
+        assert lease_until is not None
+        lease = Lease(lease.intent_id, lease.token, lease.owner, lease_until)
+        yield Sleep(step.wait)

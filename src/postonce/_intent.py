@@ -1,0 +1,126 @@
+"""The nouns of an intent's life: its states, attempt outcomes and legal moves.
+
+Pure data. The outbox stores these values; the engine decides between them.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+__all__ = [
+    "TERMINAL",
+    "IllegalMove",
+    "IntentInfo",
+    "IntentRecord",
+    "Outcome",
+    "State",
+    "StoredResponse",
+    "move",
+]
+
+
+class State(str, enum.Enum):
+    """Where an intent stands. Stored as its value."""
+
+    PENDING = "pending"  # durable, not being sent; due at ``due_at``
+    SENDING = "sending"  # a sender holds the lease (or held it and died)
+    SUCCEEDED = "succeeded"  # a final 2xx answer is stored
+    FAILED = "failed"  # a final non-2xx answer is stored, or the key was refused as mismatched
+    EXPIRED = "expired"  # delivery ambiguous past the horizon: reconcile, never re-send
+    CANCELLED = "cancelled"  # never delivered, and stopped by an operator or its deadline
+
+
+TERMINAL = frozenset({State.SUCCEEDED, State.FAILED, State.EXPIRED, State.CANCELLED})
+
+
+class Outcome(str, enum.Enum):
+    """What one attempt tells about delivery. Stored as its value."""
+
+    NOT_SENT = "not_sent"  # the server cannot have seen it (connect error, pool timeout)
+    AMBIGUOUS = "ambiguous"  # written, then no answer: it may have been applied
+    IN_PROGRESS = "in_progress"  # the server is still working on this key (e.g. 409)
+    RETRYABLE = "retryable"  # an answer that invites a retry (429, 502/503/504, ...)
+    MISMATCH = "mismatch"  # the key was first used with a different request
+    FINAL = "final"  # any other answer: the result of the intent
+
+
+# Every legal move, and nothing else. Terminal states leave only by an explicit
+# operator action (``resolve``), which is the one move out of EXPIRED.
+_MOVES: dict[State, frozenset[State]] = {
+    State.PENDING: frozenset({State.SENDING, State.CANCELLED, State.EXPIRED}),
+    State.SENDING: frozenset(
+        {
+            State.SENDING,  # a dead owner's lease taken over
+            State.PENDING,
+            State.SUCCEEDED,
+            State.FAILED,
+            State.EXPIRED,
+            State.CANCELLED,
+        }
+    ),
+    State.SUCCEEDED: frozenset(),
+    State.FAILED: frozenset(),
+    State.EXPIRED: frozenset({State.SUCCEEDED, State.FAILED}),  # operator resolution
+    State.CANCELLED: frozenset(),
+}
+
+
+class IllegalMove(ValueError):
+    """A state transition that the life cycle does not allow."""
+
+
+def move(current: State, to: State) -> State:
+    """Return ``to`` if the life cycle allows ``current -> to``, else raise."""
+    if to not in _MOVES[current]:
+        raise IllegalMove(f"an intent cannot move from {current.value} to {to.value}")
+    return to
+
+
+@dataclass(frozen=True, slots=True)
+class StoredResponse:
+    """A final answer as the outbox keeps it."""
+
+    status: int
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+    truncated: bool  # the body was longer than the outbox keeps; ``body`` is its head
+
+
+@dataclass(frozen=True, slots=True)
+class IntentRecord:
+    """One row of the outbox, as the shells read it back."""
+
+    id: int
+    reference: str
+    key: str
+    provider: str
+    method: str
+    url: str
+    headers: tuple[tuple[str, str], ...]  # non-secret request headers only
+    body: bytes
+    fingerprint: str
+    state: State
+    created_at: float
+    first_delivery_at: float | None  # anchor of the retry horizon; None while never sent
+    due_at: float | None
+    deadline_at: float | None
+    attempts: int
+    last_outcome: Outcome | None
+    lease_owner: str | None
+    lease_expires_at: float | None
+    response: StoredResponse | None
+    note: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class IntentInfo:
+    """What ``response.extensions["postonce"]`` says about the intent behind a response."""
+
+    reference: str
+    key: str
+    state: State
+    attempts: int  # attempts recorded for the intent, across every process
+    replayed: bool  # the server marked this answer as a replay of an earlier one
+    from_outbox: bool  # the answer was read from the outbox; nothing was sent now
+    truncated: bool = False  # from the outbox, and longer than the outbox keeps

@@ -1,0 +1,106 @@
+"""Keys and fingerprints: minting, checking and hashing. Pure functions."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import uuid
+from collections.abc import Sequence
+
+from ._exceptions import InvalidKey, InvalidRequest
+from .providers import Provider
+
+__all__ = ["canonical_json", "check_key", "fingerprint", "mint_key"]
+
+# Printable ASCII less '"' and '\': a key must travel as the raw field value,
+# and these are the characters that would need quoting or escaping.
+_RAW_SAFE = re.compile(r'[!#-\[\]-~]+')
+
+
+def mint_key() -> str:
+    """A fresh canonical UUIDv4: 36 characters, accepted by every built-in profile."""
+    return str(uuid.uuid4())
+
+
+def check_key(key: object, provider: Provider, *, reference: str | None) -> str:
+    """Return ``key`` if it can travel raw under ``provider``, else raise InvalidKey."""
+    if not isinstance(key, str):
+        raise InvalidKey(f"a key must be a str, not {type(key).__name__}", reference=reference)
+    shown = key if len(key) <= 40 else key[:37] + "..."
+    if not _RAW_SAFE.fullmatch(key):
+        raise InvalidKey(
+            f"key {shown!r} must be printable ASCII without quotes, backslashes, spaces "
+            "or control characters (keys go on the wire raw, never quoted)",
+            reference=reference,
+        )
+    if not provider.key_min_length <= len(key) <= provider.key_max_length:
+        raise InvalidKey(
+            f"key {shown!r} has {len(key)} characters; {provider.name} takes "
+            f"{provider.key_min_length} to {provider.key_max_length}",
+            reference=reference,
+        )
+    if provider.key_pattern is not None and not re.fullmatch(provider.key_pattern, key):
+        raise InvalidKey(
+            f"key {shown!r} does not match {provider.name}'s key format "
+            f"{provider.key_pattern!r}",
+            reference=reference,
+        )
+    return key
+
+
+def canonical_json(value: object) -> bytes:
+    """JSON with sorted keys and no insignificant whitespace; raises ValueError/TypeError."""
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode()
+
+
+def _project(body: object, fields: Sequence[str], reference: str | None) -> dict[str, object]:
+    if not isinstance(body, dict):
+        raise InvalidRequest(
+            "fingerprint_fields needs a JSON object body", reference=reference
+        )
+    projected: dict[str, object] = {}
+    for path in fields:
+        node: object = body
+        for part in path.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        projected[path] = node
+    return projected
+
+
+def fingerprint(
+    method: str,
+    target: str,
+    *,
+    json_body: object = None,
+    raw_body: bytes = b"",
+    is_json: bool,
+    fields: Sequence[str] | None = None,
+    reference: str | None = None,
+) -> str:
+    """SHA-256 of method, request target (path and query) and a canonical body.
+
+    A JSON body is hashed as canonical JSON, so key order and whitespace do not
+    matter; with ``fields`` only those (dotted) fields count. Any other body is
+    hashed as its raw bytes.
+    """
+    digest = hashlib.sha256()
+    digest.update(method.upper().encode())
+    digest.update(b"\n")
+    digest.update(target.encode())
+    digest.update(b"\n")
+    if is_json:
+        projected = _project(json_body, fields, reference) if fields else json_body
+        try:
+            digest.update(canonical_json(projected))
+        except (TypeError, ValueError) as exc:
+            raise InvalidRequest(
+                f"the body is not JSON-serialisable: {exc}", reference=reference
+            ) from exc
+    elif fields:
+        raise InvalidRequest("fingerprint_fields needs a JSON body", reference=reference)
+    else:
+        digest.update(raw_body)
+    return digest.hexdigest()

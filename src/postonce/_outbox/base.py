@@ -1,0 +1,104 @@
+"""What every outbox backend offers the shells, and the records it trades in.
+
+A store is a ledger with leases. It decides nothing about delivery: the
+engine does. Its one job is to make each of these moves atomic and durable:
+
+* ``open_intent`` — the write-ahead: create the intent, or find it, and take
+  its lease, in one transaction that is committed before any send;
+* ``record`` — one attempt and the state it leads to, accepted only while the
+  caller's lease token still owns the row (fencing);
+* ``renew``, ``release``, ``settle`` — lease upkeep and terminal moves
+  without a send.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from .._intent import IntentRecord, Outcome, State, StoredResponse
+
+__all__ = ["AttemptRecord", "Lease", "NewIntent", "Opened", "Store"]
+
+
+@dataclass(frozen=True, slots=True)
+class NewIntent:
+    """An intent as a caller asks for it, before it is stored."""
+
+    reference: str
+    key: str
+    key_given: bool  # the caller chose the key; another stored key is a conflict
+    provider: str
+    method: str
+    url: str
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+    fingerprint: str
+    deadline_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """The right to send one intent, until ``expires_at``, proven by ``token``."""
+
+    intent_id: int
+    token: str
+    owner: str
+    expires_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """What ``open_intent`` found, and the lease it took if it took one."""
+
+    record: IntentRecord
+    lease: Lease | None
+    created: bool
+    conflict: str | None  # why the stored intent is not this request; nothing claimed
+    anchor_before: float | None  # the horizon anchor before this claim set it
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRecord:
+    """One send, as the attempts table keeps it."""
+
+    started_at: float
+    duration: float
+    outcome: Outcome
+    status: int | None
+    error_type: str | None
+    replayed: bool
+
+
+class Store(Protocol):
+    """One implementation per backend; a blocking API the shells call."""
+
+    def open_intent(
+        self, new: NewIntent, *, owner: str, now: float, lease_for: float
+    ) -> Opened: ...
+
+    def record(
+        self,
+        lease: Lease,
+        attempt: AttemptRecord,
+        *,
+        state: State,
+        anchor: float | None,
+        due_at: float | None,
+        lease_until: float | None,
+        response: StoredResponse | None,
+        note: str | None,
+        durable: bool,
+    ) -> bool: ...
+
+    def renew(self, lease: Lease, *, now: float, until: float) -> Lease | None: ...
+
+    def release(self, lease: Lease, *, now: float, due_at: float | None) -> bool: ...
+
+    def settle(self, lease: Lease, *, now: float, state: State, note: str) -> bool: ...
+
+    def get(self, reference: str) -> IntentRecord | None: ...
+
+    def attempts(self, reference: str) -> list[AttemptRecord]: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,48 @@
+"""Which outbox a client uses: an argument, ``POSTONCE_OUTBOX``, or the default file."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import platformdirs
+
+from .._exceptions import ConfigurationError
+from .base import Store
+from .sqlite import Durability, SQLiteStore
+
+__all__ = ["ENV_VAR", "OutboxSpec", "default_outbox_path", "open_store"]
+
+ENV_VAR = "POSTONCE_OUTBOX"
+OutboxSpec = str | os.PathLike[str] | Store | None
+
+
+def default_outbox_path() -> Path:
+    """The durable default: ``outbox.sqlite3`` in the user data directory, never a temp dir."""
+    return platformdirs.user_data_path("postonce") / "outbox.sqlite3"
+
+
+def describe(spec: OutboxSpec) -> str | Store:
+    """The store itself, or the location a spec names once the environment is read."""
+    if spec is None:
+        spec = os.environ.get(ENV_VAR) or default_outbox_path()
+    if isinstance(spec, str | os.PathLike):
+        return os.fspath(spec)
+    return spec
+
+
+def open_store(spec: OutboxSpec, *, durability: Durability = "full") -> Store:
+    """Open the outbox a spec names: a Store, a path, ``sqlite:///path``, or None."""
+    where = describe(spec)
+    if not isinstance(where, str):
+        return where
+    if where.startswith(("postgresql://", "postgres://")):
+        raise ConfigurationError(
+            "a PostgreSQL outbox is not available in this version of postonce; "
+            "use a SQLite path"
+        )
+    if where.startswith("sqlite:///"):
+        where = where[len("sqlite:///") :]
+    elif "://" in where:
+        raise ConfigurationError(f"unknown outbox URL {where!r}: use a path or sqlite:///path")
+    return SQLiteStore(Path(where).expanduser(), durability=durability)

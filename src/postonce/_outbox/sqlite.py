@@ -1,0 +1,471 @@
+"""The SQLite outbox: one file that every process on a host can share.
+
+WAL mode, a busy timeout, and ``BEGIN IMMEDIATE`` for every write, so claims
+are atomic across processes. The write-ahead commit (``open_intent``) is
+durable across power loss by default (``synchronous=FULL``). Later commits
+relax to ``NORMAL`` only where losing them to a power cut is safe: a lost
+retry or success record leaves the intent ``sending`` under an expiring lease,
+and the drain re-sends the same key and gets the provider's replay. A final
+non-2xx answer or a terminal move without one is committed durably, because
+not every provider replays those. Either way, an application crash loses no
+committed transaction in WAL mode; only the power-loss window differs.
+
+The schema is created and migrated with sqlite-utils; the version lives in
+``PRAGMA user_version``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+import sqlite_utils
+
+from .._exceptions import IntentConflict, OutboxError
+from .._intent import TERMINAL, IntentRecord, Outcome, State, StoredResponse
+from .base import AttemptRecord, Lease, NewIntent, Opened
+
+__all__ = ["SCHEMA_VERSION", "STORED_BODY_LIMIT", "SQLiteStore"]
+
+#: Response bodies longer than this are stored as their first bytes plus the
+#: SHA-256 of the whole body, and flagged as truncated.
+STORED_BODY_LIMIT = 1 << 20
+
+Durability = Literal["full", "normal"]
+
+
+def _v1(db: sqlite_utils.Database) -> None:
+    db.table("intents").create(
+        {
+            "id": int,
+            "reference": str,
+            "key": str,
+            "provider": str,
+            "method": str,
+            "url": str,
+            "headers": str,  # JSON list of [name, value]; never a secret header
+            "body": bytes,
+            "fingerprint": str,
+            "state": str,
+            "created_at": float,
+            "updated_at": float,
+            "first_delivery_at": float,  # retry-horizon anchor; NULL while never sent
+            "due_at": float,
+            "deadline_at": float,
+            "attempts": int,
+            "last_outcome": str,
+            "lease_owner": str,
+            "lease_expires_at": float,
+            "claim_token": str,
+            "response_status": int,
+            "response_headers": str,
+            "response_body": bytes,
+            "response_truncated": int,
+            "response_sha256": str,
+            "note": str,
+        },
+        pk="id",
+        not_null=[
+            "reference", "key", "provider", "method", "url", "headers", "body",
+            "fingerprint", "state", "created_at", "updated_at", "attempts",
+        ],
+        defaults={"attempts": 0},
+    )
+    db.table("intents").create_index(["reference"], index_name="intents_reference", unique=True)
+    db.table("intents").create_index(["key"], index_name="intents_key", unique=True)
+    db.table("intents").create_index(["state", "due_at"], index_name="intents_due")
+    db.table("attempts").create(
+        {
+            "id": int,
+            "intent_id": int,
+            "number": int,
+            "started_at": float,
+            "duration": float,
+            "outcome": str,
+            "status": int,
+            "error_type": str,
+            "replayed": int,
+            "owner": str,
+        },
+        pk="id",
+        not_null=["intent_id", "number", "started_at", "duration", "outcome"],
+        foreign_keys=[("intent_id", "intents", "id")],
+    )
+    db.table("attempts").create_index(["intent_id", "number"], index_name="attempts_intent")
+
+
+#: MIGRATIONS[n] takes a database at schema version n to n + 1.
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+_COLUMNS = (
+    "id, reference, key, provider, method, url, headers, body, fingerprint, state, "
+    "created_at, first_delivery_at, due_at, deadline_at, attempts, last_outcome, lease_owner, "
+    "lease_expires_at, response_status, response_headers, response_body, "
+    "response_truncated, note"
+)
+_CLAIMABLE = (State.PENDING.value, State.SENDING.value)
+# Headers that describe the stored bytes' transport, not the answer itself.
+_DROP_RESPONSE_HEADERS = frozenset(
+    {"content-encoding", "content-length", "transfer-encoding", "set-cookie", "connection"}
+)
+
+
+def _pairs(text: str | None) -> tuple[tuple[str, str], ...]:
+    return tuple((str(n), str(v)) for n, v in json.loads(text)) if text else ()
+
+
+def _row(row: tuple[Any, ...]) -> IntentRecord:
+    (
+        id_, reference, key, provider, method, url, headers, body, fingerprint, state,
+        created_at, first_delivery_at, due_at, deadline_at, attempts, last_outcome,
+        lease_owner, lease_expires_at, r_status, r_headers, r_body, r_truncated, note,
+    ) = row
+    response = None
+    if r_status is not None:
+        response = StoredResponse(
+            status=int(r_status),
+            headers=_pairs(r_headers),
+            body=bytes(r_body or b""),
+            truncated=bool(r_truncated),
+        )
+    return IntentRecord(
+        id=int(id_),
+        reference=str(reference),
+        key=str(key),
+        provider=str(provider),
+        method=str(method),
+        url=str(url),
+        headers=_pairs(headers),
+        body=bytes(body),
+        fingerprint=str(fingerprint),
+        state=State(state),
+        created_at=float(created_at),
+        first_delivery_at=first_delivery_at,
+        due_at=due_at,
+        deadline_at=deadline_at,
+        attempts=int(attempts),
+        last_outcome=Outcome(last_outcome) if last_outcome else None,
+        lease_owner=lease_owner,
+        lease_expires_at=lease_expires_at,
+        response=response,
+        note=note,
+    )
+
+
+def storable_response(
+    status: int, headers: list[tuple[str, str]], body: bytes
+) -> StoredResponse:
+    """A response as the outbox keeps it: transport headers dropped, body capped."""
+    kept = tuple((n, v) for n, v in headers if n.lower() not in _DROP_RESPONSE_HEADERS)
+    truncated = len(body) > STORED_BODY_LIMIT
+    return StoredResponse(
+        status=status,
+        headers=kept,
+        body=body[:STORED_BODY_LIMIT] if truncated else body,
+        truncated=truncated,
+    )
+
+
+def _create_private(path: Path) -> None:
+    """Create the outbox file 0600 (and a missing directory 0700) before SQLite opens it."""
+    if not path.parent.exists():
+        path.parent.mkdir(mode=0o700, parents=True)
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    except FileExistsError:
+        return
+    os.close(fd)
+
+
+class SQLiteStore:
+    """An outbox in one SQLite file. Thread-safe; shareable between processes."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        durability: Durability = "full",
+        busy_timeout: float = 5.0,
+    ) -> None:
+        if durability not in ("full", "normal"):
+            raise ValueError(f"durability must be 'full' or 'normal', not {durability!r}")
+        self.path = Path(path)
+        self.durability: Durability = durability
+        self._lock = threading.Lock()
+        self._sync: str | None = None
+        try:
+            _create_private(self.path)
+            self._conn = sqlite3.connect(
+                self.path, isolation_level=None, check_same_thread=False, timeout=busy_timeout
+            )
+        except (OSError, sqlite3.Error) as exc:
+            raise OutboxError(f"cannot open the outbox at {self.path}: {exc}") from exc
+        try:
+            self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+            self._conn.execute("PRAGMA journal_mode = WAL").fetchone()
+            self._conn.execute("PRAGMA foreign_keys = ON")
+            self._migrate()
+        except sqlite3.Error as exc:
+            self._conn.close()
+            raise OutboxError(f"cannot use {self.path} as an outbox: {exc}") from exc
+        except OutboxError:
+            self._conn.close()
+            raise
+
+    # -- plumbing ---------------------------------------------------------
+
+    def _migrate(self) -> None:
+        version = int(self._conn.execute("PRAGMA user_version").fetchone()[0])
+        if version == SCHEMA_VERSION:
+            return
+        if version > SCHEMA_VERSION:
+            raise OutboxError(
+                f"the outbox at {self.path} has schema version {version}, written by a newer "
+                f"postonce; this one knows versions up to {SCHEMA_VERSION}: upgrade postonce"
+            )
+        db = sqlite_utils.Database(self._conn)
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            # Another process may have migrated while we waited for the lock.
+            version = int(self._conn.execute("PRAGMA user_version").fetchone()[0])
+            for step in MIGRATIONS[version:]:
+                step(db)
+            self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            self._conn.execute("COMMIT")
+        except BaseException:
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
+            raise
+
+    def _set_sync(self, durable: bool) -> None:
+        wanted = "FULL" if durable and self.durability == "full" else "NORMAL"
+        if wanted != self._sync:
+            self._conn.execute(f"PRAGMA synchronous = {wanted}")
+            self._sync = wanted
+
+    @contextmanager
+    def _write(self, durable: bool) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            try:
+                self._set_sync(durable)
+                self._conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._conn
+                    self._conn.execute("COMMIT")
+                except BaseException:
+                    if self._conn.in_transaction:
+                        self._conn.execute("ROLLBACK")
+                    raise
+            except sqlite3.IntegrityError:
+                raise
+            except sqlite3.Error as exc:
+                raise OutboxError(f"outbox write failed at {self.path}: {exc}") from exc
+
+    def _read(self, sql: str, params: tuple[object, ...]) -> list[tuple[Any, ...]]:
+        with self._lock:
+            try:
+                return self._conn.execute(sql, params).fetchall()
+            except sqlite3.Error as exc:
+                raise OutboxError(f"outbox read failed at {self.path}: {exc}") from exc
+
+    # -- the Store protocol -----------------------------------------------
+
+    def open_intent(self, new: NewIntent, *, owner: str, now: float, lease_for: float) -> Opened:
+        token = os.urandom(12).hex()
+        expires = now + lease_for
+        lease = Lease(intent_id=0, token=token, owner=owner, expires_at=expires)
+        try:
+            with self._write(durable=True) as conn:
+                cur = conn.execute(
+                    "INSERT INTO intents (reference, key, provider, method, url, headers, body,"
+                    " fingerprint, state, created_at, updated_at, first_delivery_at, deadline_at,"
+                    " attempts, lease_owner, lease_expires_at, claim_token)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?)"
+                    " ON CONFLICT (reference) DO NOTHING",
+                    (
+                        new.reference, new.key, new.provider, new.method, new.url,
+                        json.dumps(new.headers), new.body, new.fingerprint,
+                        State.SENDING.value, now, now, now, new.deadline_at,
+                        owner, expires, token,
+                    ),
+                )
+                if cur.rowcount == 1:
+                    assert cur.lastrowid is not None
+                    record = IntentRecord(
+                        id=cur.lastrowid, reference=new.reference, key=new.key,
+                        provider=new.provider, method=new.method, url=new.url,
+                        headers=new.headers, body=new.body, fingerprint=new.fingerprint,
+                        state=State.SENDING, created_at=now, first_delivery_at=now,
+                        due_at=None, deadline_at=new.deadline_at, attempts=0, last_outcome=None,
+                        lease_owner=owner, lease_expires_at=expires, response=None, note=None,
+                    )
+                    lease = Lease(cur.lastrowid, token, owner, expires)
+                    return Opened(record, lease, created=True, conflict=None, anchor_before=None)
+                return self._reopen(conn, new, lease, now)
+        except sqlite3.IntegrityError as exc:
+            raise IntentConflict(
+                "this key already belongs to another intent", reference=new.reference, key=new.key
+            ) from exc
+
+    def _reopen(
+        self, conn: sqlite3.Connection, new: NewIntent, lease: Lease, now: float
+    ) -> Opened:
+        row = conn.execute(
+            f"SELECT {_COLUMNS} FROM intents WHERE reference = ?",  # noqa: S608 (constant columns)
+            (new.reference,),
+        ).fetchone()
+        record = _row(row)
+        conflict = None
+        if record.fingerprint != new.fingerprint:
+            conflict = "it is stored with a different request (method, path, query or body)"
+        elif new.key_given and record.key != new.key:
+            conflict = "it is stored with a different key"
+        free = record.lease_expires_at is None or record.lease_expires_at <= now
+        if conflict or record.state in TERMINAL or not free:
+            return Opened(
+                record, None, created=False, conflict=conflict,
+                anchor_before=record.first_delivery_at,
+            )
+        anchor = record.first_delivery_at if record.first_delivery_at is not None else now
+        conn.execute(
+            "UPDATE intents SET state = ?, lease_owner = ?, lease_expires_at = ?,"
+            " claim_token = ?, first_delivery_at = ?, updated_at = ? WHERE id = ?",
+            (State.SENDING.value, lease.owner, lease.expires_at, lease.token, anchor, now,
+             record.id),
+        )
+        claimed = dataclasses.replace(
+            record,
+            state=State.SENDING,
+            first_delivery_at=anchor,
+            lease_owner=lease.owner,
+            lease_expires_at=lease.expires_at,
+        )
+        return Opened(
+            claimed,
+            Lease(record.id, lease.token, lease.owner, lease.expires_at),
+            created=False,
+            conflict=None,
+            anchor_before=record.first_delivery_at,
+        )
+
+    def record(
+        self,
+        lease: Lease,
+        attempt: AttemptRecord,
+        *,
+        state: State,
+        anchor: float | None,
+        due_at: float | None,
+        lease_until: float | None,
+        response: StoredResponse | None,
+        note: str | None,
+        durable: bool,
+    ) -> bool:
+        keep = lease_until is not None
+        sets = [
+            "state = ?", "attempts = attempts + 1", "last_outcome = ?", "first_delivery_at = ?",
+            "due_at = ?", "lease_owner = ?", "lease_expires_at = ?", "claim_token = ?",
+            "updated_at = ?", "note = COALESCE(?, note)",
+        ]
+        params: list[object] = [
+            state.value, attempt.outcome.value, anchor, due_at,
+            lease.owner if keep else None, lease_until, lease.token if keep else None,
+            attempt.started_at + attempt.duration, note,
+        ]
+        if response is not None:
+            sets += [
+                "response_status = ?", "response_headers = ?", "response_body = ?",
+                "response_truncated = ?", "response_sha256 = ?",
+            ]
+            params += [
+                response.status, json.dumps(response.headers), response.body,
+                int(response.truncated), hashlib.sha256(response.body).hexdigest(),
+            ]
+        with self._write(durable=durable) as conn:
+            row = conn.execute(
+                f"UPDATE intents SET {', '.join(sets)} WHERE id = ? AND claim_token = ?"
+                " RETURNING attempts",
+                (*params, lease.intent_id, lease.token),
+            ).fetchone()
+            if row is None:
+                return False
+            conn.execute(
+                "INSERT INTO attempts (intent_id, number, started_at, duration, outcome, status,"
+                " error_type, replayed, owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    lease.intent_id, row[0], attempt.started_at, attempt.duration,
+                    attempt.outcome.value, attempt.status, attempt.error_type,
+                    int(attempt.replayed), lease.owner,
+                ),
+            )
+            return True
+
+    def renew(self, lease: Lease, *, now: float, until: float) -> Lease | None:
+        with self._write(durable=False) as conn:
+            cur = conn.execute(
+                "UPDATE intents SET lease_expires_at = ?, updated_at = ?"
+                " WHERE id = ? AND claim_token = ?",
+                (until, now, lease.intent_id, lease.token),
+            )
+        if cur.rowcount != 1:
+            return None
+        return Lease(lease.intent_id, lease.token, lease.owner, until)
+
+    def release(self, lease: Lease, *, now: float, due_at: float | None) -> bool:
+        with self._write(durable=False) as conn:
+            cur = conn.execute(
+                "UPDATE intents SET state = ?, due_at = ?, lease_owner = NULL,"
+                " lease_expires_at = NULL, claim_token = NULL, updated_at = ?"
+                " WHERE id = ? AND claim_token = ?",
+                (State.PENDING.value, due_at, now, lease.intent_id, lease.token),
+            )
+        return cur.rowcount == 1
+
+    def settle(self, lease: Lease, *, now: float, state: State, note: str) -> bool:
+        with self._write(durable=True) as conn:
+            cur = conn.execute(
+                "UPDATE intents SET state = ?, note = ?, due_at = NULL, lease_owner = NULL,"
+                " lease_expires_at = NULL, claim_token = NULL, updated_at = ?"
+                " WHERE id = ? AND claim_token = ?",
+                (state.value, note, now, lease.intent_id, lease.token),
+            )
+        return cur.rowcount == 1
+
+    def get(self, reference: str) -> IntentRecord | None:
+        rows = self._read(
+            f"SELECT {_COLUMNS} FROM intents WHERE reference = ?",  # noqa: S608 (constant columns)
+            (reference,),
+        )
+        return _row(rows[0]) if rows else None
+
+    def attempts(self, reference: str) -> list[AttemptRecord]:
+        rows = self._read(
+            "SELECT a.started_at, a.duration, a.outcome, a.status, a.error_type, a.replayed"
+            " FROM attempts a JOIN intents i ON i.id = a.intent_id"
+            " WHERE i.reference = ? ORDER BY a.number",
+            (reference,),
+        )
+        return [
+            AttemptRecord(
+                started_at=float(r[0]),
+                duration=float(r[1]),
+                outcome=Outcome(r[2]),
+                status=r[3],
+                error_type=r[4],
+                replayed=bool(r[5]),
+            )
+            for r in rows
+        ]
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()

@@ -1,0 +1,186 @@
+"""From a caller's request arguments to the intent that is stored, and back to the wire.
+
+The stored request is exactly what goes on the wire, less the secret headers
+(which stay in memory) and, for header-borne keys, less the key header (which
+is added from the stored key at every send). A body-borne key is injected into
+the stored JSON body, so every later send carries it unchanged.
+"""
+
+from __future__ import annotations
+
+import json as jsonlib
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from ._exceptions import InvalidKey, InvalidRequest
+from ._keys import check_key, fingerprint, mint_key
+from .providers import Provider
+
+__all__ = ["DEFAULT_SECRET_HEADERS", "UNSET", "Prepared", "prepare", "wire_headers"]
+
+#: Headers that never reach the outbox; ``Client(secret_headers=...)`` adds more.
+DEFAULT_SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+#: "Not given", where ``None`` is a value (``json=None`` sends ``null``).
+UNSET: Any = _Unset()
+
+HeaderInput = Mapping[str, str] | Sequence[tuple[str, str]] | httpx.Headers | None
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A request ready to become an intent."""
+
+    reference: str
+    key: str
+    key_given: bool
+    method: str
+    url: str
+    headers: tuple[tuple[str, str], ...]  # stored: non-secret, with content-type
+    secret_headers: tuple[tuple[str, str], ...]  # this call's secrets: memory only
+    body: bytes
+    fingerprint: str
+
+
+def _encode_body(
+    method: str, json: object, content: object, data: object, reference: str | None
+) -> tuple[bytes, str | None]:
+    given = [name for name, v in (("json", json), ("content", content), ("data", data))
+             if v is not UNSET]
+    if len(given) > 1:
+        raise InvalidRequest(f"pass one body, not {' and '.join(given)}", reference=reference)
+    if json is not UNSET:
+        try:
+            body = jsonlib.dumps(
+                json, ensure_ascii=False, separators=(",", ":"), allow_nan=False
+            ).encode()
+        except (TypeError, ValueError) as exc:
+            raise InvalidRequest(
+                f"the body is not JSON-serialisable: {exc}", reference=reference
+            ) from exc
+        return body, "application/json"
+    if content is not UNSET:
+        if isinstance(content, str):
+            return content.encode(), None
+        if isinstance(content, bytes | bytearray | memoryview):
+            return bytes(content), None
+        raise InvalidRequest(
+            "content must be bytes or str: a stream cannot be stored and sent again",
+            reference=reference,
+        )
+    if data is not UNSET:
+        try:
+            encoded = httpx.Request(method, "http://postonce.invalid/", data=data)  # type: ignore[arg-type]
+        except TypeError as exc:
+            raise InvalidRequest(
+                f"data cannot be form-encoded: {exc}", reference=reference
+            ) from exc
+        return encoded.read(), encoded.headers.get("content-type")
+    return b"", None
+
+
+def _adopt(found: str | None, key: str | None, where: str, reference: str | None) -> str | None:
+    """A key the caller put in the request itself counts as ``key=``; two keys must agree."""
+    if found is None:
+        return key
+    if key is not None and key != found:
+        raise InvalidKey(
+            f"key= and the {where} name different keys; pass one", reference=reference
+        )
+    return found
+
+
+def prepare(
+    http: httpx.Client | httpx.AsyncClient,
+    method: str,
+    url: httpx.URL | str,
+    *,
+    provider: Provider,
+    intent: str | None,
+    key: str | None,
+    json: object = UNSET,
+    content: object = UNSET,
+    data: object = UNSET,
+    params: Any = None,
+    headers: HeaderInput = None,
+    secret_names: Collection[str] = DEFAULT_SECRET_HEADERS,
+    fingerprint_fields: Sequence[str] | None = None,
+) -> Prepared:
+    """Check, encode and fingerprint one call. Raises InvalidRequest, stores nothing."""
+    method = method.upper()
+    if intent is not None and (not isinstance(intent, str) or not intent or len(intent) > 1024):
+        raise InvalidRequest("intent= must be a non-empty str of at most 1024 characters")
+    call_headers = httpx.Headers(headers)
+    field = provider.key_field
+    body_key = provider.key_transport == "body"
+    if not body_key:
+        key = _adopt(call_headers.get(field), key, f"{field} header", intent)
+        if field in call_headers:
+            del call_headers[field]
+    if body_key and json is not UNSET and isinstance(json, dict) and field in json:
+        found = json[field]
+        key = _adopt(found if isinstance(found, str) else repr(found), key, "body", intent)
+        json = {k: v for k, v in json.items() if k != field}
+    key_given = key is not None
+    key = check_key(key if key is not None else mint_key(), provider, reference=intent)
+    reference = intent if intent is not None else key
+
+    merged = http.build_request(method, url, params=params)
+    target = merged.url.raw_path.decode("ascii")
+    if body_key:
+        if json is UNSET or not isinstance(json, dict):
+            raise InvalidRequest(
+                f"{provider.name} takes the key in the JSON body field {field!r}: "
+                "pass json= with an object",
+                reference=reference,
+                key=key,
+            )
+        digest = fingerprint(method, target, json_body=json, is_json=True,
+                             fields=fingerprint_fields, reference=reference)
+        body, content_type = _encode_body(method, {**json, field: key}, UNSET, UNSET, reference)
+    else:
+        body, content_type = _encode_body(method, json, content, data, reference)
+        digest = fingerprint(method, target, json_body=json, raw_body=body,
+                             is_json=json is not UNSET, fields=fingerprint_fields,
+                             reference=reference)
+    if content_type is not None and "content-type" not in call_headers:
+        call_headers["content-type"] = content_type
+
+    secrets = {name.lower() for name in secret_names}
+    stored: list[tuple[str, str]] = []
+    secret: list[tuple[str, str]] = []
+    for name, value in call_headers.multi_items():
+        (secret if name.lower() in secrets else stored).append((name, value))
+    return Prepared(
+        reference=reference,
+        key=key,
+        key_given=key_given,
+        method=method,
+        url=str(merged.url),
+        headers=tuple(stored),
+        secret_headers=tuple(secret),
+        body=body,
+        fingerprint=digest,
+    )
+
+
+def wire_headers(
+    stored: Sequence[tuple[str, str]],
+    secret: Sequence[tuple[str, str]],
+    key: str,
+    provider: Provider,
+) -> list[tuple[str, str]]:
+    """The headers of one send: stored, then secrets, then the raw key header."""
+    out = [*stored, *secret]
+    if provider.key_transport == "header":
+        out.append((provider.key_field, key))
+    return out

@@ -1,0 +1,331 @@
+"""Provider profiles: the facts of each API's idempotency-key contract.
+
+A :class:`Provider` says how the key travels (a header or a JSON body field),
+which keys the API takes, how long it remembers a key (the floor of its
+documented retention, which bounds postonce's retry horizon), which answers
+mean "still in flight" or "key reused with another request", and how it marks
+replays. Built-in profiles are looked up by name; every fact cites its source.
+
+Where a provider does not document a fact, the profile takes the value that
+errs on the safe side and its docstring says so: a *shorter* retention (the
+horizon closes early and the intent is surfaced for reconciliation rather than
+re-sent into a forgotten key), a *shorter* maximum key length (36, the length
+of the canonical UUIDv4 postonce mints), and "in flight" for an unexplained 409
+(waiting and re-sending the same key is safe where a new key would not be).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from ._exceptions import UnknownProvider
+
+__all__ = ["BUILTIN_PROVIDERS", "Provider", "StatusRule", "get_provider"]
+
+_HOUR = 3600.0
+_DAY = 24 * _HOUR
+_UUID = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+
+
+class StatusRule(BaseModel):
+    """An answer recognised by its status, its error code in the body, or both.
+
+    ``status=None`` matches any status; ``code=None`` matches any body. A code
+    matches a string value under a key such as ``code``, ``type``, ``errorCode``
+    or ``reason`` anywhere in a JSON error body (or, for a body that is not
+    JSON, the code appearing in its text).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    status: int | None = None
+    code: str | None = None
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> StatusRule:
+        if self.status is None and self.code is None:
+            raise ValueError("a StatusRule needs a status, a code, or both")
+        return self
+
+
+class Provider(BaseModel):
+    """The idempotency contract of one API, as postonce needs to know it.
+
+    Example, a custom profile for an internal service::
+
+        Provider(
+            name="ledger",
+            key_field="X-Request-Key",
+            key_max_length=64,
+            retention=timedelta(hours=48),
+            in_flight=(StatusRule(status=409),),
+            mismatch=(StatusRule(status=422),),
+        )
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    key_transport: Literal["header", "body"] = "header"
+    #: The header name, or the top-level JSON body field, that carries the key.
+    key_field: str = "Idempotency-Key"
+    key_min_length: int = Field(default=1, ge=1)
+    key_max_length: int = Field(default=255, ge=1)
+    #: A regular expression the whole key must match, on top of the universal rule
+    #: (printable ASCII without quotes, backslashes or spaces).
+    key_pattern: str | None = None
+    #: The floor of the provider's documented key retention.
+    retention: timedelta
+    in_flight: tuple[StatusRule, ...] = (StatusRule(status=409),)
+    mismatch: tuple[StatusRule, ...] = ()
+    retryable_statuses: frozenset[int] = frozenset({429, 502, 503, 504})
+    #: Whether the provider stores and replays a 5xx answer (None: not documented).
+    replays_5xx: bool | None = None
+    #: Headers whose value ``true`` marks an answer as a replay.
+    replay_headers: tuple[str, ...] = ("Idempotent-Replayed",)
+    #: A header saying ``true``/``false`` whether to retry, which overrides the status table.
+    retry_hint_header: str | None = None
+    sources: tuple[str, ...] = ()
+
+    @field_validator("key_pattern")
+    @classmethod
+    def _compiles(cls, value: str | None) -> str | None:
+        if value is not None:
+            re.compile(value)
+        return value
+
+    @model_validator(mode="after")
+    def _lengths(self) -> Provider:
+        if self.key_min_length > self.key_max_length:
+            raise ValueError("key_min_length is greater than key_max_length")
+        if self.retention <= timedelta(0):
+            raise ValueError("retention must be positive")
+        return self
+
+
+def _profiles() -> dict[str, Provider]:
+    stripe = Provider(
+        # Stripe API v1. Key charset not documented: the universal rule applies.
+        name="stripe",
+        key_max_length=255,
+        retention=timedelta(hours=24),  # "at least 24 hours old" before pruning
+        in_flight=(StatusRule(status=409),),  # idempotency_key_in_use
+        mismatch=(
+            StatusRule(status=400, code="idempotency_error"),
+            StatusRule(status=404, code="idempotency_error"),  # stripe-python maps both
+        ),
+        replays_5xx=True,  # "including 500 errors"
+        replay_headers=("Idempotent-Replayed",),
+        retry_hint_header="Stripe-Should-Retry",
+        sources=(
+            "https://docs.stripe.com/api/idempotent_requests",
+            "https://docs.stripe.com/idempotency",
+            "https://docs.stripe.com/error-codes#idempotency-key-in-use",
+            "github.com/stripe/stripe-python stripe/_api_requestor.py, stripe/_http_client.py",
+            "https://github.com/stripe/stripe-ruby/issues/503",
+        ),
+    )
+    adyen = Provider(
+        # Mismatch and 5xx replay are not documented: an unknown 4xx is a final answer.
+        name="adyen",
+        key_max_length=64,
+        retention=timedelta(days=7),  # "minimum period of 7 days" (legacy page: 31)
+        in_flight=(StatusRule(status=409), StatusRule(status=422, code="704")),
+        mismatch=(),
+        replays_5xx=None,
+        replay_headers=(),  # Adyen echoes idempotency-key, it marks no replay
+        retry_hint_header="transient-error",
+        sources=("https://docs.adyen.com/development-resources/api-idempotency",),
+    )
+    checkout = Provider(
+        # Max key length not documented: 36 (a UUIDv4, which Checkout.com recommends).
+        name="checkout",
+        key_field="Cko-Idempotency-Key",
+        key_max_length=36,
+        retention=timedelta(hours=24),  # default expiry, sandbox and production
+        in_flight=(StatusRule(status=409),),  # formerly 429, which is retryable anyway
+        replays_5xx=False,  # only 2xx cached; a 4xx/5xx is re-attempted
+        replay_headers=(),
+        sources=(
+            "https://www.checkout.com/docs/payments/manage-payments/idempotency",
+            "https://www.checkout.com/docs/payments/manage-payments/retry-a-payment",
+            "https://support.checkout.com/hc/en-us/articles/24570669653010",
+        ),
+    )
+    mollie = Provider(
+        # Mollie answers a reused key with 400, like any validation error, with no
+        # documented code: postonce cannot tell them apart, so a 400 is a final answer.
+        # Max key length not documented: 36.
+        name="mollie",
+        key_max_length=36,
+        retention=timedelta(hours=24),  # "Keys older than 24 hours will be removed"
+        in_flight=(StatusRule(status=409),),
+        replay_headers=("Idempotent-Replayed",),
+        sources=(
+            "https://docs.mollie.com/reference/api-idempotency",
+            "github.com/mollie/api-documentation source/overview/api-idempotency.rst",
+        ),
+    )
+    modern_treasury = Provider(
+        # Max key length not documented: 36. Only successes are saved and replayed.
+        name="modern_treasury",
+        key_max_length=36,
+        retention=timedelta(hours=24),
+        in_flight=(StatusRule(status=409),),
+        replays_5xx=False,
+        sources=("https://docs.moderntreasury.com/reference/idempotent-requests",),
+    )
+    increase = Provider(
+        # Retention not documented: 24 hours. In-flight answer not documented: a 409
+        # without the key-reuse code is taken as in flight.
+        name="increase",
+        key_max_length=200,
+        retention=timedelta(hours=24),
+        in_flight=(StatusRule(status=409),),
+        mismatch=(StatusRule(status=409, code="idempotency_key_already_used_error"),),
+        replay_headers=("Idempotent-Replayed",),
+        sources=(
+            "https://increase.com/documentation/idempotency-keys",
+            "https://www.increase.com/documentation/unique_identifiers",
+        ),
+    )
+    lithic = Provider(
+        # Current docs require a valid UUID; retention from the earlier docs (24 h).
+        name="lithic",
+        key_max_length=36,
+        key_pattern=_UUID,
+        retention=timedelta(hours=24),
+        in_flight=(StatusRule(status=409),),
+        replays_5xx=True,  # earlier docs: "even if those results are 500 errors"
+        sources=(
+            "https://docs.lithic.com/docs/idempotent-requests",
+            "Lithic changelog 2023-08-15 and 2026-01-21",
+        ),
+    )
+    paypal_orders = Provider(
+        # Orders v2. In-flight and mismatch answers not documented ("might fail the
+        # second request"). PayPal returns the latest status, not a verbatim replay.
+        name="paypal_orders",
+        key_field="PayPal-Request-Id",
+        key_max_length=108,
+        retention=timedelta(hours=6),  # extendable to 72 h by the account manager
+        in_flight=(StatusRule(status=409),),
+        replay_headers=(),
+        sources=(
+            "https://developer.paypal.com/reference/guidelines/idempotency",
+            "github.com/paypal/paypal-rest-api-specifications openapi/checkout_orders_v2.json",
+        ),
+    )
+    razorpay_payouts = Provider(
+        # RazorpayX payouts. Razorpay allows spaces in keys; postonce never sends a
+        # key with a space (it could not travel raw), so the pattern leaves them out.
+        # In-flight: an unverified server fixture answers 500 idempotency_key_in_use;
+        # waiting on it with the same key is the safe reading.
+        name="razorpay_payouts",
+        key_field="X-Payout-Idempotency",
+        key_min_length=4,
+        key_max_length=36,
+        key_pattern=r"[A-Za-z0-9_-]+",
+        retention=timedelta(days=7),
+        in_flight=(StatusRule(status=409), StatusRule(status=500, code="idempotency_key_in_use")),
+        replay_headers=(),
+        sources=(
+            "https://razorpay.com/docs/api/x/payout-idempotency/",
+            "https://razorpay.com/docs/razorpayx/api/idempotency/",
+        ),
+    )
+    square = Provider(
+        # Key in the JSON body. Lengths differ per endpoint (CreatePayment 45 is the
+        # shortest common one). Retention is not published: 24 hours. The HTTP status
+        # of IDEMPOTENCY_KEY_REUSED is not documented, so the code alone decides.
+        name="square",
+        key_transport="body",
+        key_field="idempotency_key",
+        key_max_length=45,
+        retention=timedelta(hours=24),
+        in_flight=(StatusRule(status=409),),
+        mismatch=(StatusRule(code="IDEMPOTENCY_KEY_REUSED"),),
+        replay_headers=(),
+        sources=(
+            "https://developer.squareup.com/docs/build-basics/common-api-patterns/idempotency",
+            "github.com/square/connect-api-specification api.json",
+        ),
+    )
+    aws_client_token = Provider(
+        # EC2-style ClientToken in the request body. Retention: the older API
+        # reference's 24 hours (the current guide gives none).
+        name="aws_client_token",
+        key_transport="body",
+        key_field="ClientToken",
+        key_max_length=64,
+        retention=timedelta(hours=24),
+        in_flight=(StatusRule(status=409),),
+        mismatch=(StatusRule(code="IdempotentParameterMismatch"),),
+        replay_headers=(),
+        sources=(
+            "https://docs.aws.amazon.com/ec2/latest/devguide/ec2-api-idempotency.html",
+            "https://docs.aws.amazon.com/AWSEC2/latest/APIReference/Run_Instance_Idempotency.html",
+        ),
+    )
+    google_request_id = Provider(
+        # Google Cloud requestId (AIP-155): a non-zero UUID, kept "at least 60 minutes".
+        name="google_request_id",
+        key_transport="body",
+        key_field="requestId",
+        key_max_length=36,
+        key_pattern=_UUID,
+        retention=timedelta(minutes=60),
+        in_flight=(StatusRule(status=409),),
+        replay_headers=(),
+        sources=("github.com/aip-dev/google.aip.dev aip/general/0155.md",),
+    )
+    ietf_draft = Provider(
+        # draft-ietf-httpapi-idempotency-key-header-07. The draft types the header as
+        # an sf-string (quoted); postonce sends keys raw, as every provider expects.
+        # Retention is resource-defined: 24 hours unless you configure your server's.
+        # Max key length not defined: 36. Also recognises replay-marker spellings
+        # seen in the wild.
+        name="ietf_draft",
+        key_max_length=36,
+        retention=timedelta(hours=24),
+        in_flight=(StatusRule(status=409),),
+        mismatch=(StatusRule(status=422),),
+        replay_headers=("Idempotent-Replayed", "Idempotency-Replayed", "X-Idempotent-Replayed"),
+        sources=("https://datatracker.ietf.org/doc/html/draft-ietf-httpapi-idempotency-key-header-07",),
+    )
+    profiles = [
+        stripe,
+        adyen,
+        checkout,
+        mollie,
+        modern_treasury,
+        increase,
+        lithic,
+        paypal_orders,
+        razorpay_payouts,
+        square,
+        aws_client_token,
+        google_request_id,
+        ietf_draft,
+    ]
+    return {p.name: p for p in profiles}
+
+
+#: Every built-in profile by name.
+BUILTIN_PROVIDERS: Mapping[str, Provider] = _profiles()
+
+
+def get_provider(provider: str | Provider) -> Provider:
+    """Return ``provider`` itself, or the built-in profile of that name."""
+    if isinstance(provider, Provider):
+        return provider
+    try:
+        return BUILTIN_PROVIDERS[provider]
+    except KeyError:
+        known = ", ".join(sorted(BUILTIN_PROVIDERS))
+        raise UnknownProvider(f"no built-in provider {provider!r}; known: {known}") from None
