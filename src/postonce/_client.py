@@ -178,9 +178,19 @@ class Client:
         except PostonceError as exc:
             raise type(exc)(exc.message, reference=intent) from None
         prepared = prepare(
-            self._http, method, url, provider=profile, intent=intent, key=key, json=json,
-            content=content, data=data, params=params, headers=headers,
-            secret_names=self._secret_names, fingerprint_fields=fingerprint_fields,
+            self._http,
+            method,
+            url,
+            provider=profile,
+            intent=intent,
+            key=key,
+            json=json,
+            content=content,
+            data=data,
+            params=params,
+            headers=headers,
+            secret_names=self._secret_names,
+            fingerprint_fields=fingerprint_fields,
         )
         try:
             store = self.outbox

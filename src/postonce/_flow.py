@@ -187,17 +187,27 @@ def run(call: Call) -> Generator[Effect, Any, httpx.Response]:
     claimed_anchor = record.first_delivery_at
     delivered_maybe = opened.anchor_before is not None
 
-    stop = gate(clock(), anchor=opened.anchor_before, deadline_at=record.deadline_at,
-                provider=provider, policy=policy)
+    stop = gate(
+        clock(),
+        anchor=opened.anchor_before,
+        deadline_at=record.deadline_at,
+        provider=provider,
+        policy=policy,
+    )
     if stop is not None:
-        yield StoreCall("settle", {"lease": lease, "now": clock(), "state": stop.state,
-                                   "note": stop.reason})
+        yield StoreCall(
+            "settle", {"lease": lease, "now": clock(), "state": stop.state, "note": stop.reason}
+        )
         raise _stop(stop, record)
     if record.due_at is not None and record.due_at > clock():
         if ends_at is not None and record.due_at > ends_at:
             yield StoreCall("release", {"lease": lease, "now": clock(), "due_at": record.due_at})
-            raise IntentPending("the intent is not due yet", reference=record.reference,
-                                key=record.key, due_at=record.due_at)
+            raise IntentPending(
+                "the intent is not due yet",
+                reference=record.reference,
+                key=record.key,
+                due_at=record.due_at,
+            )
         yield Sleep(record.due_at - clock())
 
     attempt = record.attempts
@@ -208,14 +218,19 @@ def run(call: Call) -> Generator[Effect, Any, httpx.Response]:
         attempt += 1
         attempts_left -= 1
         if lease.expires_at - clock() < call.lease_seconds / 2:
-            renewed = yield StoreCall("renew", {"lease": lease, "now": clock(),
-                                                "until": clock() + call.lease_seconds})
+            renewed = yield StoreCall(
+                "renew", {"lease": lease, "now": clock(), "until": clock() + call.lease_seconds}
+            )
             if renewed is None:
-                raise IntentPending("another worker took over this intent",
-                                    reference=record.reference, key=record.key)
+                raise IntentPending(
+                    "another worker took over this intent",
+                    reference=record.reference,
+                    key=record.key,
+                )
             lease = renewed
-        request = call.build_request(record.method, record.url, content=record.body,
-                                     headers=headers, timeout=call.timeout)
+        request = call.build_request(
+            record.method, record.url, content=record.body, headers=headers, timeout=call.timeout
+        )
         sent_at = clock()
         response: httpx.Response | None = None
         error_type: str | None = None
@@ -228,17 +243,32 @@ def run(call: Call) -> Generator[Effect, Any, httpx.Response]:
         except Exception as exc:
             # Not a transport failure (an event hook, a broken transport): the
             # request may have been written. Keep the intent for the drain.
-            yield StoreCall("record", {
-                "lease": lease,
-                "attempt": AttemptRecord(sent_at, clock() - sent_at, Outcome.AMBIGUOUS, None,
-                                         type(exc).__name__, False),
-                "state": State.PENDING, "anchor": claimed_anchor, "due_at": clock(),
-                "lease_until": None, "response": None, "note": None, "durable": False,
-            })
+            yield StoreCall(
+                "record",
+                {
+                    "lease": lease,
+                    "attempt": AttemptRecord(
+                        sent_at,
+                        clock() - sent_at,
+                        Outcome.AMBIGUOUS,
+                        None,
+                        type(exc).__name__,
+                        False,
+                    ),
+                    "state": State.PENDING,
+                    "anchor": claimed_anchor,
+                    "due_at": clock(),
+                    "lease_until": None,
+                    "response": None,
+                    "note": None,
+                    "durable": False,
+                },
+            )
             raise
         else:
-            outcome = classify_response(response.status_code, response.headers,
-                                        response.content, provider)
+            outcome = classify_response(
+                response.status_code, response.headers, response.content, provider
+            )
             cause = None
         duration = clock() - sent_at
         delivered_maybe = delivered_maybe or outcome is not Outcome.NOT_SENT
@@ -248,8 +278,12 @@ def run(call: Call) -> Generator[Effect, Any, httpx.Response]:
             outcome,
             status=response.status_code if response is not None else None,
             headers=response.headers if response is not None else httpx.Headers(),
-            now=now, attempt=attempt, anchor=anchor, deadline_at=record.deadline_at,
-            provider=provider, policy=policy,
+            now=now,
+            attempt=attempt,
+            anchor=anchor,
+            deadline_at=record.deadline_at,
+            provider=provider,
+            policy=policy,
             budget=Budget(attempts_left=attempts_left, ends_at=ends_at),
         )
         replayed = response is not None and is_replay(response.headers, provider)
@@ -258,29 +292,45 @@ def run(call: Call) -> Generator[Effect, Any, httpx.Response]:
         lease_until = now + step.wait + call.lease_seconds if retrying else None
         # A lost 2xx record, retry or deferral is repaired by a replay; anything
         # else a provider might not replay is committed durably.
-        durable = not (retrying or step.kind is StepKind.DEFER
-                       or step.state is State.SUCCEEDED)
-        ok = yield StoreCall("record", {
-            "lease": lease,
-            "attempt": AttemptRecord(sent_at, duration, outcome,
-                                     response.status_code if response is not None else None,
-                                     error_type, replayed),
-            "state": step.state,
-            # A retry keeps the claim's anchor: the next send may be delivered.
-            "anchor": claimed_anchor if retrying else anchor,
-            "due_at": step.due_at if step.kind is StepKind.DEFER else None,
-            "lease_until": lease_until,
-            "response": storable_response(response.status_code,
-                                          response.headers.multi_items(), response.content)
-            if keeps_answer and response is not None else None,
-            "note": step.reason or None,
-            "durable": durable,
-        })
-        info = IntentInfo(reference=record.reference, key=record.key, state=step.state,
-                          attempts=attempt, replayed=replayed, from_outbox=False)
+        durable = not (retrying or step.kind is StepKind.DEFER or step.state is State.SUCCEEDED)
+        ok = yield StoreCall(
+            "record",
+            {
+                "lease": lease,
+                "attempt": AttemptRecord(
+                    sent_at,
+                    duration,
+                    outcome,
+                    response.status_code if response is not None else None,
+                    error_type,
+                    replayed,
+                ),
+                "state": step.state,
+                # A retry keeps the claim's anchor: the next send may be delivered.
+                "anchor": claimed_anchor if retrying else anchor,
+                "due_at": step.due_at if step.kind is StepKind.DEFER else None,
+                "lease_until": lease_until,
+                "response": storable_response(
+                    response.status_code, response.headers.multi_items(), response.content
+                )
+                if keeps_answer and response is not None
+                else None,
+                "note": step.reason or None,
+                "durable": durable,
+            },
+        )
+        info = IntentInfo(
+            reference=record.reference,
+            key=record.key,
+            state=step.state,
+            attempts=attempt,
+            replayed=replayed,
+            from_outbox=False,
+        )
         if not ok and not (step.kind is StepKind.FINISH and response is not None):
-            raise IntentPending("another worker took over this intent",
-                                reference=record.reference, key=record.key)
+            raise IntentPending(
+                "another worker took over this intent", reference=record.reference, key=record.key
+            )
         if step.kind is StepKind.FINISH:
             assert response is not None
             return _annotate(response, info)
@@ -289,13 +339,17 @@ def run(call: Call) -> Generator[Effect, Any, httpx.Response]:
             raise IdempotencyKeyMismatch(
                 f"{provider.name} refused the key as used for another request "
                 f"(HTTP {response.status_code}); it is never retried",
-                reference=record.reference, key=record.key, response=_annotate(response, info),
+                reference=record.reference,
+                key=record.key,
+                response=_annotate(response, info),
             )
         if step.kind is StepKind.DEFER:
             raise IntentPending(
                 f"gave up in the foreground after {attempt} attempt(s) (last: {outcome.value}); "
                 "the intent is pending for the drain",
-                reference=record.reference, key=record.key, due_at=step.due_at,
+                reference=record.reference,
+                key=record.key,
+                due_at=step.due_at,
             ) from cause
         if step.kind in (StepKind.EXPIRE, StepKind.CANCEL):
             raise _stop(step, record) from cause

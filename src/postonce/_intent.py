@@ -85,6 +85,7 @@ class StoredResponse:
     headers: tuple[tuple[str, str], ...]
     body: bytes
     truncated: bool  # the body was longer than the outbox keeps; ``body`` is its head
+    sha256: str = ""  # of the whole body as received, truncated or not
 
 
 @dataclass(frozen=True, slots=True)

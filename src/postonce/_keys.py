@@ -15,7 +15,7 @@ __all__ = ["canonical_json", "check_key", "fingerprint", "mint_key"]
 
 # Printable ASCII less '"' and '\': a key must travel as the raw field value,
 # and these are the characters that would need quoting or escaping.
-_RAW_SAFE = re.compile(r'[!#-\[\]-~]+')
+_RAW_SAFE = re.compile(r"[!#-\[\]-~]+")
 
 
 def mint_key() -> str:
@@ -42,8 +42,7 @@ def check_key(key: object, provider: Provider, *, reference: str | None) -> str:
         )
     if provider.key_pattern is not None and not re.fullmatch(provider.key_pattern, key):
         raise InvalidKey(
-            f"key {shown!r} does not match {provider.name}'s key format "
-            f"{provider.key_pattern!r}",
+            f"key {shown!r} does not match {provider.name}'s key format {provider.key_pattern!r}",
             reference=reference,
         )
     return key
@@ -58,9 +57,7 @@ def canonical_json(value: object) -> bytes:
 
 def _project(body: object, fields: Sequence[str], reference: str | None) -> dict[str, object]:
     if not isinstance(body, dict):
-        raise InvalidRequest(
-            "fingerprint_fields needs a JSON object body", reference=reference
-        )
+        raise InvalidRequest("fingerprint_fields needs a JSON object body", reference=reference)
     projected: dict[str, object] = {}
     for path in fields:
         node: object = body

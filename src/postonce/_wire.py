@@ -54,8 +54,9 @@ class Prepared:
 def _encode_body(
     method: str, json: object, content: object, data: object, reference: str | None
 ) -> tuple[bytes, str | None]:
-    given = [name for name, v in (("json", json), ("content", content), ("data", data))
-             if v is not UNSET]
+    given = [
+        name for name, v in (("json", json), ("content", content), ("data", data)) if v is not UNSET
+    ]
     if len(given) > 1:
         raise InvalidRequest(f"pass one body, not {' and '.join(given)}", reference=reference)
     if json is not UNSET:
@@ -93,9 +94,7 @@ def _adopt(found: str | None, key: str | None, where: str, reference: str | None
     if found is None:
         return key
     if key is not None and key != found:
-        raise InvalidKey(
-            f"key= and the {where} name different keys; pass one", reference=reference
-        )
+        raise InvalidKey(f"key= and the {where} name different keys; pass one", reference=reference)
     return found
 
 
@@ -144,14 +143,26 @@ def prepare(
                 reference=reference,
                 key=key,
             )
-        digest = fingerprint(method, target, json_body=json, is_json=True,
-                             fields=fingerprint_fields, reference=reference)
+        digest = fingerprint(
+            method,
+            target,
+            json_body=json,
+            is_json=True,
+            fields=fingerprint_fields,
+            reference=reference,
+        )
         body, content_type = _encode_body(method, {**json, field: key}, UNSET, UNSET, reference)
     else:
         body, content_type = _encode_body(method, json, content, data, reference)
-        digest = fingerprint(method, target, json_body=json, raw_body=body,
-                             is_json=json is not UNSET, fields=fingerprint_fields,
-                             reference=reference)
+        digest = fingerprint(
+            method,
+            target,
+            json_body=json,
+            raw_body=body,
+            is_json=json is not UNSET,
+            fields=fingerprint_fields,
+            reference=reference,
+        )
     if content_type is not None and "content-type" not in call_headers:
         call_headers["content-type"] = content_type
 

@@ -296,7 +296,9 @@ def _profiles() -> dict[str, Provider]:
         in_flight=(StatusRule(status=409),),
         mismatch=(StatusRule(status=422),),
         replay_headers=("Idempotent-Replayed", "Idempotency-Replayed", "X-Idempotent-Replayed"),
-        sources=("https://datatracker.ietf.org/doc/html/draft-ietf-httpapi-idempotency-key-header-07",),
+        sources=(
+            "https://datatracker.ietf.org/doc/html/draft-ietf-httpapi-idempotency-key-header-07",
+        ),
     )
     profiles = [
         stripe,

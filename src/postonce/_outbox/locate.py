@@ -38,8 +38,7 @@ def open_store(spec: OutboxSpec, *, durability: Durability = "full") -> Store:
         return where
     if where.startswith(("postgresql://", "postgres://")):
         raise ConfigurationError(
-            "a PostgreSQL outbox is not available in this version of postonce; "
-            "use a SQLite path"
+            "a PostgreSQL outbox is not available in this version of postonce; use a SQLite path"
         )
     if where.startswith("sqlite:///"):
         where = where[len("sqlite:///") :]

@@ -74,8 +74,18 @@ def _v1(db: sqlite_utils.Database) -> None:
         },
         pk="id",
         not_null=[
-            "reference", "key", "provider", "method", "url", "headers", "body",
-            "fingerprint", "state", "created_at", "updated_at", "attempts",
+            "reference",
+            "key",
+            "provider",
+            "method",
+            "url",
+            "headers",
+            "body",
+            "fingerprint",
+            "state",
+            "created_at",
+            "updated_at",
+            "attempts",
         ],
         defaults={"attempts": 0},
     )
@@ -110,7 +120,7 @@ _COLUMNS = (
     "id, reference, key, provider, method, url, headers, body, fingerprint, state, "
     "created_at, first_delivery_at, due_at, deadline_at, attempts, last_outcome, lease_owner, "
     "lease_expires_at, response_status, response_headers, response_body, "
-    "response_truncated, note"
+    "response_truncated, response_sha256, note"
 )
 _CLAIMABLE = (State.PENDING.value, State.SENDING.value)
 # Headers that describe the stored bytes' transport, not the answer itself.
@@ -125,9 +135,30 @@ def _pairs(text: str | None) -> tuple[tuple[str, str], ...]:
 
 def _row(row: tuple[Any, ...]) -> IntentRecord:
     (
-        id_, reference, key, provider, method, url, headers, body, fingerprint, state,
-        created_at, first_delivery_at, due_at, deadline_at, attempts, last_outcome,
-        lease_owner, lease_expires_at, r_status, r_headers, r_body, r_truncated, note,
+        id_,
+        reference,
+        key,
+        provider,
+        method,
+        url,
+        headers,
+        body,
+        fingerprint,
+        state,
+        created_at,
+        first_delivery_at,
+        due_at,
+        deadline_at,
+        attempts,
+        last_outcome,
+        lease_owner,
+        lease_expires_at,
+        r_status,
+        r_headers,
+        r_body,
+        r_truncated,
+        r_sha256,
+        note,
     ) = row
     response = None
     if r_status is not None:
@@ -136,6 +167,7 @@ def _row(row: tuple[Any, ...]) -> IntentRecord:
             headers=_pairs(r_headers),
             body=bytes(r_body or b""),
             truncated=bool(r_truncated),
+            sha256=str(r_sha256 or ""),
         )
     return IntentRecord(
         id=int(id_),
@@ -161,9 +193,7 @@ def _row(row: tuple[Any, ...]) -> IntentRecord:
     )
 
 
-def storable_response(
-    status: int, headers: list[tuple[str, str]], body: bytes
-) -> StoredResponse:
+def storable_response(status: int, headers: list[tuple[str, str]], body: bytes) -> StoredResponse:
     """A response as the outbox keeps it: transport headers dropped, body capped."""
     kept = tuple((n, v) for n, v in headers if n.lower() not in _DROP_RESPONSE_HEADERS)
     truncated = len(body) > STORED_BODY_LIMIT
@@ -172,6 +202,7 @@ def storable_response(
         headers=kept,
         body=body[:STORED_BODY_LIMIT] if truncated else body,
         truncated=truncated,
+        sha256=hashlib.sha256(body).hexdigest(),
     )
 
 
@@ -292,21 +323,47 @@ class SQLiteStore:
                     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?)"
                     " ON CONFLICT (reference) DO NOTHING",
                     (
-                        new.reference, new.key, new.provider, new.method, new.url,
-                        json.dumps(new.headers), new.body, new.fingerprint,
-                        State.SENDING.value, now, now, now, new.deadline_at,
-                        owner, expires, token,
+                        new.reference,
+                        new.key,
+                        new.provider,
+                        new.method,
+                        new.url,
+                        json.dumps(new.headers),
+                        new.body,
+                        new.fingerprint,
+                        State.SENDING.value,
+                        now,
+                        now,
+                        now,
+                        new.deadline_at,
+                        owner,
+                        expires,
+                        token,
                     ),
                 )
                 if cur.rowcount == 1:
                     assert cur.lastrowid is not None
                     record = IntentRecord(
-                        id=cur.lastrowid, reference=new.reference, key=new.key,
-                        provider=new.provider, method=new.method, url=new.url,
-                        headers=new.headers, body=new.body, fingerprint=new.fingerprint,
-                        state=State.SENDING, created_at=now, first_delivery_at=now,
-                        due_at=None, deadline_at=new.deadline_at, attempts=0, last_outcome=None,
-                        lease_owner=owner, lease_expires_at=expires, response=None, note=None,
+                        id=cur.lastrowid,
+                        reference=new.reference,
+                        key=new.key,
+                        provider=new.provider,
+                        method=new.method,
+                        url=new.url,
+                        headers=new.headers,
+                        body=new.body,
+                        fingerprint=new.fingerprint,
+                        state=State.SENDING,
+                        created_at=now,
+                        first_delivery_at=now,
+                        due_at=None,
+                        deadline_at=new.deadline_at,
+                        attempts=0,
+                        last_outcome=None,
+                        lease_owner=owner,
+                        lease_expires_at=expires,
+                        response=None,
+                        note=None,
                     )
                     lease = Lease(cur.lastrowid, token, owner, expires)
                     return Opened(record, lease, created=True, conflict=None, anchor_before=None)
@@ -316,9 +373,7 @@ class SQLiteStore:
                 "this key already belongs to another intent", reference=new.reference, key=new.key
             ) from exc
 
-    def _reopen(
-        self, conn: sqlite3.Connection, new: NewIntent, lease: Lease, now: float
-    ) -> Opened:
+    def _reopen(self, conn: sqlite3.Connection, new: NewIntent, lease: Lease, now: float) -> Opened:
         row = conn.execute(
             f"SELECT {_COLUMNS} FROM intents WHERE reference = ?",  # noqa: S608 (constant columns)
             (new.reference,),
@@ -332,15 +387,25 @@ class SQLiteStore:
         free = record.lease_expires_at is None or record.lease_expires_at <= now
         if conflict or record.state in TERMINAL or not free:
             return Opened(
-                record, None, created=False, conflict=conflict,
+                record,
+                None,
+                created=False,
+                conflict=conflict,
                 anchor_before=record.first_delivery_at,
             )
         anchor = record.first_delivery_at if record.first_delivery_at is not None else now
         conn.execute(
             "UPDATE intents SET state = ?, lease_owner = ?, lease_expires_at = ?,"
             " claim_token = ?, first_delivery_at = ?, updated_at = ? WHERE id = ?",
-            (State.SENDING.value, lease.owner, lease.expires_at, lease.token, anchor, now,
-             record.id),
+            (
+                State.SENDING.value,
+                lease.owner,
+                lease.expires_at,
+                lease.token,
+                anchor,
+                now,
+                record.id,
+            ),
         )
         claimed = dataclasses.replace(
             record,
@@ -372,28 +437,47 @@ class SQLiteStore:
     ) -> bool:
         keep = lease_until is not None
         sets = [
-            "state = ?", "attempts = attempts + 1", "last_outcome = ?", "first_delivery_at = ?",
-            "due_at = ?", "lease_owner = ?", "lease_expires_at = ?", "claim_token = ?",
-            "updated_at = ?", "note = COALESCE(?, note)",
+            "state = ?",
+            "attempts = attempts + 1",
+            "last_outcome = ?",
+            "first_delivery_at = ?",
+            "due_at = ?",
+            "lease_owner = ?",
+            "lease_expires_at = ?",
+            "claim_token = ?",
+            "updated_at = ?",
+            "note = COALESCE(?, note)",
         ]
         params: list[object] = [
-            state.value, attempt.outcome.value, anchor, due_at,
-            lease.owner if keep else None, lease_until, lease.token if keep else None,
-            attempt.started_at + attempt.duration, note,
+            state.value,
+            attempt.outcome.value,
+            anchor,
+            due_at,
+            lease.owner if keep else None,
+            lease_until,
+            lease.token if keep else None,
+            attempt.started_at + attempt.duration,
+            note,
         ]
         if response is not None:
             sets += [
-                "response_status = ?", "response_headers = ?", "response_body = ?",
-                "response_truncated = ?", "response_sha256 = ?",
+                "response_status = ?",
+                "response_headers = ?",
+                "response_body = ?",
+                "response_truncated = ?",
+                "response_sha256 = ?",
             ]
             params += [
-                response.status, json.dumps(response.headers), response.body,
-                int(response.truncated), hashlib.sha256(response.body).hexdigest(),
+                response.status,
+                json.dumps(response.headers),
+                response.body,
+                int(response.truncated),
+                response.sha256,
             ]
         with self._write(durable=durable) as conn:
+            sql = f"UPDATE intents SET {', '.join(sets)} WHERE id = ? AND claim_token = ?"  # noqa: S608 (constant column names)
             row = conn.execute(
-                f"UPDATE intents SET {', '.join(sets)} WHERE id = ? AND claim_token = ?"
-                " RETURNING attempts",
+                sql + " RETURNING attempts",
                 (*params, lease.intent_id, lease.token),
             ).fetchone()
             if row is None:
@@ -402,9 +486,15 @@ class SQLiteStore:
                 "INSERT INTO attempts (intent_id, number, started_at, duration, outcome, status,"
                 " error_type, replayed, owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
-                    lease.intent_id, row[0], attempt.started_at, attempt.duration,
-                    attempt.outcome.value, attempt.status, attempt.error_type,
-                    int(attempt.replayed), lease.owner,
+                    lease.intent_id,
+                    row[0],
+                    attempt.started_at,
+                    attempt.duration,
+                    attempt.outcome.value,
+                    attempt.status,
+                    attempt.error_type,
+                    int(attempt.replayed),
+                    lease.owner,
                 ),
             )
             return True

@@ -1,0 +1,196 @@
+"""A small ASGI payments API that honours idempotency keys the way providers document.
+
+Served by uvicorn on 127.0.0.1 in the tests. The first path segment picks the
+profile it imitates (``/ietf/...``, ``/stripe/...``, ``/square/...``,
+``/checkout/...``), which decides where the key travels, the answers for a
+key in flight and for a reused key, the replay marker, and whether 5xx
+answers are stored and replayed.
+
+Per key, it stores the first request's fingerprint and its answer; a retry
+with the same key gets the stored answer marked as a replay; a retry while
+the first is still processing gets the in-flight answer; a retry with a
+changed body gets the mismatch answer. Every executed side effect is appended
+to the ledger, which ``GET /_ledger`` returns, so tests prove "exactly once"
+from the server's side.
+
+The request body may carry test directives under ``"_test"`` (part of the
+body, so every retry carries them too):
+
+* ``delay``: seconds the first execution takes (a slow gateway);
+* ``status``: the status the execution answers with (402, 500, ...);
+* ``before``: a list of answers given *before* the idempotency layer to the
+  first requests with this key, e.g. ``[{"status": 503, "retry_after": "1"}]``
+  (a load balancer or rate limiter: nothing is executed or stored).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+SendFn = Callable[[Message], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Profile:
+    key_header: str | None = "idempotency-key"
+    key_body_field: str | None = None
+    in_flight_status: int = 409
+    mismatch_status: int = 422
+    mismatch_body: dict[str, Any] = field(default_factory=lambda: {"type": "key_reused"})
+    replay_header: str | None = "idempotent-replayed"
+    replays_5xx: bool = True
+
+
+PROFILES = {
+    "ietf": Profile(),
+    "stripe": Profile(
+        mismatch_status=400, mismatch_body={"error": {"type": "idempotency_error"}}
+    ),
+    "checkout": Profile(key_header="cko-idempotency-key", replay_header=None, replays_5xx=False),
+    "square": Profile(
+        key_header=None,
+        key_body_field="idempotency_key",
+        mismatch_status=400,
+        mismatch_body={"errors": [{"code": "IDEMPOTENCY_KEY_REUSED"}]},
+        replay_header=None,
+    ),
+}
+
+
+@dataclass
+class Entry:
+    fingerprint: str
+    done: asyncio.Event
+    status: int = 0
+    body: bytes = b""
+
+
+@dataclass
+class State:
+    entries: dict[str, Entry] = field(default_factory=dict)
+    effects: list[dict[str, Any]] = field(default_factory=list)
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    seen: dict[str, int] = field(default_factory=dict)
+    active: dict[str, int] = field(default_factory=dict)
+    max_active: dict[str, int] = field(default_factory=dict)
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+async def _answer(
+    send: SendFn, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), *(headers or [])],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+class IdempotentApp:
+    """The ASGI app. One instance per server; ``state`` is its whole memory."""
+
+    def __init__(self) -> None:
+        self.state = State()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: SendFn) -> None:
+        if scope["type"] != "http":
+            return
+        body = await _read_body(receive)
+        path: str = scope["path"]
+        if path == "/_ledger":
+            s = self.state
+            out = {"effects": s.effects, "requests": s.requests, "max_active": s.max_active}
+            await _answer(send, 200, json.dumps(out).encode())
+            return
+        if path == "/_reset":
+            self.state = State()
+            await _answer(send, 204, b"")
+            return
+        profile_name = path.strip("/").split("/", 1)[0]
+        profile = PROFILES.get(profile_name)
+        if profile is None:
+            await _answer(send, 404, b'{"error":"unknown profile"}')
+            return
+        await self._idempotent(scope, body, profile, send)
+
+    async def _idempotent(
+        self, scope: Scope, raw: bytes, profile: Profile, send: SendFn
+    ) -> None:
+        headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
+        try:
+            parsed: Any = json.loads(raw) if raw else {}
+        except ValueError:
+            parsed = {"_raw": raw.decode("utf-8", "replace")}
+        directives = parsed.pop("_test", {}) if isinstance(parsed, dict) else {}
+        if profile.key_header is not None:
+            key = headers.get(profile.key_header)
+        else:
+            assert profile.key_body_field is not None
+            key = parsed.pop(profile.key_body_field, None) if isinstance(parsed, dict) else None
+        s = self.state
+        s.requests.append({"key": key, "method": scope["method"], "path": scope["path"]})
+        if not key:
+            await _answer(send, 400, b'{"error":"missing idempotency key"}')
+            return
+        n = s.seen.get(key, 0)
+        s.seen[key] = n + 1
+        before = directives.get("before", [])
+        if n < len(before):
+            b = before[n]
+            extra = []
+            if "retry_after" in b:
+                extra.append((b"retry-after", str(b["retry_after"]).encode()))
+            await _answer(send, int(b["status"]), b'{"error":"try again"}', extra)
+            return
+        fingerprint = hashlib.sha256(
+            scope["method"].encode() + scope["path"].encode() + json.dumps(parsed, sort_keys=True).encode()
+        ).hexdigest()
+        entry = s.entries.get(key)
+        if entry is not None:
+            if entry.fingerprint != fingerprint:
+                await _answer(
+                    send, profile.mismatch_status, json.dumps(profile.mismatch_body).encode()
+                )
+            elif not entry.done.is_set():
+                await _answer(send, profile.in_flight_status, b'{"error":"in flight"}')
+            else:
+                replay = [(profile.replay_header.encode(), b"true")] if profile.replay_header else []
+                await _answer(send, entry.status, entry.body, replay)
+            return
+        entry = Entry(fingerprint=fingerprint, done=asyncio.Event())
+        s.entries[key] = entry
+        s.active[key] = s.active.get(key, 0) + 1
+        s.max_active[key] = max(s.max_active.get(key, 0), s.active[key])
+        try:
+            await asyncio.sleep(float(directives.get("delay", 0)))
+            status = int(directives.get("status", 201))
+            effect_id = f"ch_{len(s.effects) + 1}"
+            s.effects.append({"id": effect_id, "key": key, "path": scope["path"], "body": parsed})
+            answer = json.dumps({"id": effect_id, "status": status, "key": key, **parsed}).encode()
+        finally:
+            s.active[key] -= 1
+        if status >= 500 and not profile.replays_5xx:
+            del s.entries[key]  # nothing saved: a retry executes again
+        else:
+            entry.status, entry.body = status, answer
+            entry.done.set()
+        await _answer(send, status, answer)

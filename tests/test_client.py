@@ -1,0 +1,557 @@
+"""Decision-level tests of Client.post_once: respx and mock transports, a real outbox."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+import respx
+
+import postonce
+from postonce import Outcome, State
+from tests.conftest import FAST, ClientFactory
+
+Handler = Callable[[httpx.Request], httpx.Response]
+
+
+class Recorder:
+    """A mock transport that answers from a script and keeps every request."""
+
+    def __init__(self, *answers: httpx.Response | Exception | Handler) -> None:
+        self.answers = list(answers)
+        self.requests: list[httpx.Request] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        if isinstance(answer, Exception):
+            raise answer
+        if isinstance(answer, httpx.Response):
+            return answer
+        return answer(request)
+
+    @property
+    def transport(self) -> httpx.MockTransport:
+        return httpx.MockTransport(self)
+
+    def keys(self, header: str = "Idempotency-Key") -> list[str | None]:
+        return [r.headers.get(header) for r in self.requests]
+
+
+def ok(status: int = 201, **headers: str) -> httpx.Response:
+    return httpx.Response(status, json={"id": "ch_1"}, headers=headers)
+
+
+def read_timeout(request: httpx.Request) -> httpx.Response:
+    raise httpx.ReadTimeout("timed out", request=request)
+
+
+def connect_error(request: httpx.Request) -> httpx.Response:
+    raise httpx.ConnectError("refused", request=request)
+
+
+def rows(path: Path) -> list[sqlite3.Row]:
+    conn = sqlite3.connect(path)
+    conn.row_factory = sqlite3.Row
+    try:
+        return conn.execute("SELECT * FROM intents").fetchall()
+    finally:
+        conn.close()
+
+
+# -- one key per intent ------------------------------------------------------------
+
+
+@respx.mock
+def test_every_attempt_carries_the_same_key(make_client: ClientFactory) -> None:
+    """Retries after 503, 409 and a timeout all carry the key of the first attempt."""
+    route = respx.post("http://api.test/charge").mock(
+        side_effect=[
+            httpx.Response(503),
+            httpx.Response(409),
+            httpx.ReadTimeout("slow"),
+            httpx.Response(201, json={"id": "ch_1"}),
+        ]
+    )
+    response = make_client().post_once("/charge", json={"amount": 1}, intent="o-1")
+    assert response.status_code == 201
+    keys = {call.request.headers["Idempotency-Key"] for call in route.calls}
+    assert route.call_count == 4
+    assert len(keys) == 1
+    assert response.extensions["postonce"].key in keys
+    assert response.extensions["postonce"].attempts == 4
+
+
+def test_same_intent_again_returns_stored_answer_without_sending(
+    make_client: ClientFactory,
+) -> None:
+    """A terminal intent answers from the outbox: nothing is sent, the key is not re-minted."""
+    rec = Recorder(ok(201))
+    client = make_client(transport=rec.transport)
+    first = client.post_once("/charge", json={"amount": 1}, intent="o-2")
+    second = client.post_once("/charge", json={"amount": 1}, intent="o-2")
+    assert len(rec.requests) == 1
+    assert second.status_code == 201
+    assert second.json() == first.json()
+    info = second.extensions["postonce"]
+    assert info.from_outbox is True
+    assert info.key == first.extensions["postonce"].key
+
+
+def test_a_new_client_on_the_same_outbox_resumes_with_the_stored_key(
+    make_client: ClientFactory,
+) -> None:
+    """A pending intent resumed by another client (as after a restart) keeps its key."""
+    failing = Recorder(httpx.Response(503))
+    with pytest.raises(postonce.IntentPending) as pending:
+        make_client(transport=failing.transport).post_once(
+            "/charge", json={"amount": 1}, intent="o-3"
+        )
+    rec = Recorder(ok(201))
+    response = make_client(transport=rec.transport).post_once(
+        "/charge", json={"amount": 1}, intent="o-3"
+    )
+    assert response.status_code == 201
+    assert rec.keys() == [pending.value.key]
+    assert set(failing.keys()) == {pending.value.key}
+
+
+def test_without_intent_each_call_is_its_own_intent(make_client: ClientFactory) -> None:
+    """Two calls without intent= mint two keys and store two intents."""
+    rec = Recorder(ok(201))
+    client = make_client(transport=rec.transport)
+    client.post_once("/charge", json={"amount": 1})
+    client.post_once("/charge", json={"amount": 1})
+    keys = rec.keys()
+    assert len(set(keys)) == 2
+    for key in keys:
+        assert key is not None
+        record = client.lookup(key)
+        assert record is not None
+        assert record.state is State.SUCCEEDED
+
+
+def test_caller_key_is_used_raw(make_client: ClientFactory) -> None:
+    """key= goes on the wire as the raw header value, never in Structured-Fields quotes."""
+    rec = Recorder(ok(201))
+    make_client(transport=rec.transport).post_once(
+        "/charge", json={"a": 1}, intent="o-4", key="order-1234-charge"
+    )
+    raw = dict(rec.requests[0].headers.raw)
+    assert raw[b"Idempotency-Key"] == b"order-1234-charge"
+
+
+def test_minted_key_is_unquoted_uuid4(make_client: ClientFactory) -> None:
+    """The minted key is a bare canonical UUIDv4 on the wire."""
+    rec = Recorder(ok(201))
+    make_client(transport=rec.transport).post_once("/charge", json={"a": 1})
+    value = rec.requests[0].headers["Idempotency-Key"]
+    assert '"' not in value
+    assert len(value) == 36
+    assert value[14] == "4"
+
+
+def test_key_already_used_by_another_intent_is_a_conflict(make_client: ClientFactory) -> None:
+    """One key never serves two intents."""
+    rec = Recorder(ok(201))
+    client = make_client(transport=rec.transport)
+    client.post_once("/charge", json={"a": 1}, intent="o-5", key="k-shared-0001")
+    with pytest.raises(postonce.IntentConflict) as exc:
+        client.post_once("/charge", json={"a": 1}, intent="o-6", key="k-shared-0001")
+    assert exc.value.reference == "o-6"
+    assert len(rec.requests) == 1
+
+
+# -- conflicts ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("second_path", "second_body"),
+    [
+        pytest.param("/charge", {"amount": 2}, id="body"),
+        pytest.param("/refund", {"amount": 1}, id="path"),
+        pytest.param("/charge?capture=false", {"amount": 1}, id="query"),
+    ],
+)
+def test_same_reference_different_request_is_refused_before_sending(
+    make_client: ClientFactory, second_path: str, second_body: dict[str, int]
+) -> None:
+    """IntentConflict names the intent, and the second request is never sent."""
+    rec = Recorder(ok(201))
+    client = make_client(transport=rec.transport)
+    client.post_once("/charge", json={"amount": 1}, intent="o-7")
+    with pytest.raises(postonce.IntentConflict) as exc:
+        client.post_once(second_path, json=second_body, intent="o-7")
+    assert exc.value.reference == "o-7"
+    assert "o-7" in str(exc.value)
+    assert len(rec.requests) == 1
+
+
+def test_key_order_and_whitespace_do_not_make_a_conflict(make_client: ClientFactory) -> None:
+    """The fingerprint is canonical JSON: reordered keys are the same request."""
+    rec = Recorder(ok(201))
+    client = make_client(transport=rec.transport)
+    client.post_once("/charge", json={"a": 1, "b": 2}, intent="o-8")
+    again = client.post_once("/charge", json={"b": 2, "a": 1}, intent="o-8")
+    assert again.extensions["postonce"].from_outbox is True
+
+
+def test_fingerprint_fields_ignore_other_fields(make_client: ClientFactory) -> None:
+    """With fingerprint_fields, only the named fields decide whether it is the same request."""
+    rec = Recorder(ok(201))
+    client = make_client(transport=rec.transport)
+    client.post_once(
+        "/charge", json={"amount": 1, "meta": "x"}, intent="o-9", fingerprint_fields=["amount"]
+    )
+    again = client.post_once(
+        "/charge", json={"amount": 1, "meta": "y"}, intent="o-9", fingerprint_fields=["amount"]
+    )
+    assert again.extensions["postonce"].from_outbox is True
+    with pytest.raises(postonce.IntentConflict):
+        client.post_once(
+            "/charge", json={"amount": 2, "meta": "x"}, intent="o-9", fingerprint_fields=["amount"]
+        )
+
+
+# -- classification and retries ------------------------------------------------------
+
+
+def test_in_flight_409_waits_and_is_never_a_failure(make_client: ClientFactory) -> None:
+    """409 means "still processing": the same key is retried until the answer comes."""
+    rec = Recorder(httpx.Response(409), httpx.Response(409), ok(201))
+    response = make_client(transport=rec.transport).post_once("/c", json={}, intent="o-10")
+    assert response.status_code == 201
+    assert len(set(rec.keys())) == 1
+
+
+def test_409_until_budget_spent_leaves_the_intent_pending(
+    make_client: ClientFactory, outbox_path: Path
+) -> None:
+    """A 409 that outlasts the budget raises IntentPending, never a failure."""
+    rec = Recorder(httpx.Response(409))
+    with pytest.raises(postonce.IntentPending) as exc:
+        make_client(transport=rec.transport).post_once("/c", json={}, intent="o-11")
+    assert exc.value.due_at is not None
+    (row,) = rows(outbox_path)
+    assert row["state"] == "pending"
+    assert row["due_at"] == exc.value.due_at
+    assert row["lease_owner"] is None
+
+
+def test_final_4xx_is_returned_and_stored(make_client: ClientFactory) -> None:
+    """A 402 is the intent's answer: returned, stored as failed, never retried."""
+    rec = Recorder(httpx.Response(402, json={"error": "card_declined"}))
+    client = make_client(transport=rec.transport)
+    response = client.post_once("/c", json={}, intent="o-12")
+    assert response.status_code == 402
+    assert len(rec.requests) == 1
+    record = client.lookup("o-12")
+    assert record is not None
+    assert record.state is State.FAILED
+    again = client.post_once("/c", json={}, intent="o-12")
+    assert again.status_code == 402
+    assert again.json() == {"error": "card_declined"}
+    assert len(rec.requests) == 1
+
+
+def test_mismatch_raises_and_is_never_retried(make_client: ClientFactory) -> None:
+    """The profile's key-reuse answer raises IdempotencyKeyMismatch, also on the next call."""
+    rec = Recorder(httpx.Response(422, json={"type": "reused"}))
+    client = make_client(transport=rec.transport)
+    with pytest.raises(postonce.IdempotencyKeyMismatch) as exc:
+        client.post_once("/c", json={}, intent="o-13")
+    assert len(rec.requests) == 1
+    assert isinstance(exc.value.response, httpx.Response)
+    assert exc.value.response.status_code == 422
+    with pytest.raises(postonce.IdempotencyKeyMismatch):
+        client.post_once("/c", json={}, intent="o-13")
+    assert len(rec.requests) == 1
+
+
+def test_stripe_mismatch_is_400_idempotency_error(make_client: ClientFactory) -> None:
+    """Under the stripe profile, 400 idempotency_error is a mismatch, other 400s are answers."""
+    mismatch = httpx.Response(400, json={"error": {"type": "idempotency_error"}})
+    invalid = httpx.Response(400, json={"error": {"type": "invalid_request_error"}})
+    client = make_client(provider="stripe", transport=Recorder(mismatch, invalid).transport)
+    with pytest.raises(postonce.IdempotencyKeyMismatch):
+        client.post_once("/c", json={}, intent="o-14")
+    assert client.post_once("/c", json={}, intent="o-15").status_code == 400
+
+
+def test_retry_after_is_honoured(make_client: ClientFactory) -> None:
+    """A 503 with Retry-After: 1 delays the next attempt by at least one second."""
+    rec = Recorder(httpx.Response(503, headers={"Retry-After": "1"}), ok(201))
+    client = make_client(transport=rec.transport)
+    client.post_once("/c", json={}, intent="o-16")
+    attempts = client.outbox.attempts("o-16")
+    assert [a.outcome for a in attempts] == [Outcome.RETRYABLE, Outcome.FINAL]
+    assert attempts[1].started_at - attempts[0].started_at >= 1.0
+
+
+def test_hostile_retry_after_is_capped(make_client: ClientFactory) -> None:
+    """Retry-After: 999999 is capped at retry_after_max; past the budget it defers."""
+    rec = Recorder(httpx.Response(503, headers={"Retry-After": "999999"}))
+    client = make_client(transport=rec.transport)
+    with pytest.raises(postonce.IntentPending) as exc:
+        client.post_once("/c", json={}, intent="o-17")
+    assert exc.value.due_at is not None
+    record = client.lookup("o-17")
+    assert record is not None
+    assert record.due_at is not None
+    assert record.due_at - record.created_at <= FAST.retry_after_max + 5
+    assert len(rec.requests) == 1
+
+
+def test_stripe_should_retry_false_makes_a_503_final(make_client: ClientFactory) -> None:
+    """Stripe-Should-Retry: false is a final answer under the stripe profile."""
+    rec = Recorder(httpx.Response(503, headers={"Stripe-Should-Retry": "false"}))
+    response = make_client(provider="stripe", transport=rec.transport).post_once(
+        "/c", json={}, intent="o-18"
+    )
+    assert response.status_code == 503
+    assert len(rec.requests) == 1
+
+
+def test_replay_marker_is_reported(make_client: ClientFactory) -> None:
+    """An Idempotent-Replayed: true answer is marked replayed in the extension and attempt."""
+    rec = Recorder(ok(201, **{"Idempotent-Replayed": "true"}))
+    client = make_client(transport=rec.transport)
+    response = client.post_once("/c", json={}, intent="o-19")
+    assert response.extensions["postonce"].replayed is True
+    assert client.outbox.attempts("o-19")[0].replayed is True
+
+
+def test_budget_attempts_per_call_override(make_client: ClientFactory) -> None:
+    """retry= per call overrides the client's policy."""
+    rec = Recorder(httpx.Response(503))
+    client = make_client(transport=rec.transport)
+    with pytest.raises(postonce.IntentPending):
+        client.post_once("/c", json={}, intent="o-20", retry=FAST.model_copy(update={"attempts": 2}))
+    assert len(rec.requests) == 2
+
+
+def test_resume_continues_attempt_numbers(make_client: ClientFactory) -> None:
+    """Attempts across calls are numbered on, and all recorded in the attempts table."""
+    client = make_client(transport=Recorder(httpx.Response(503)).transport)
+    one = FAST.model_copy(update={"attempts": 1, "wait_initial": 0.0, "wait_max": 0.0})
+    with pytest.raises(postonce.IntentPending):
+        client.post_once("/c", json={}, intent="o-21", retry=one)
+    client2 = make_client(transport=Recorder(ok(201)).transport)
+    response = client2.post_once("/c", json={}, intent="o-21")
+    assert response.extensions["postonce"].attempts == 2
+    assert [a.status for a in client2.outbox.attempts("o-21")] == [503, 201]
+
+
+# -- the horizon and deadlines -------------------------------------------------------
+
+
+def short_memory(seconds: float) -> postonce.Provider:
+    return postonce.Provider(name="short", retention=timedelta(seconds=seconds))
+
+
+def test_ambiguous_until_the_horizon_expires_and_never_resends(
+    make_client: ClientFactory,
+) -> None:
+    """Timeouts until the provider may forget the key: expired, and later calls send nothing."""
+    rec = Recorder(read_timeout)
+    patient = FAST.model_copy(update={"attempts": 1000})
+    client = make_client(provider=short_memory(0.5), transport=rec.transport, retry=patient)
+    with pytest.raises(postonce.IntentExpired) as exc:
+        client.post_once("/c", json={}, intent="o-22")
+    assert exc.value.reference == "o-22"
+    sent = len(rec.requests)
+    assert sent >= 1
+    record = client.lookup("o-22")
+    assert record is not None
+    assert record.state is State.EXPIRED
+    with pytest.raises(postonce.IntentExpired):
+        client.post_once("/c", json={}, intent="o-22")
+    assert len(rec.requests) == sent
+
+
+def test_expired_horizon_is_checked_before_a_resumed_send(make_client: ClientFactory) -> None:
+    """A pending intent whose horizon passed while it waited is expired, not sent."""
+    import time
+
+    one = FAST.model_copy(update={"attempts": 1})
+    first = Recorder(read_timeout)
+    with pytest.raises(postonce.IntentPending):
+        make_client(provider=short_memory(0.3), transport=first.transport).post_once(
+            "/c", json={}, intent="o-23", retry=one
+        )
+    time.sleep(0.35)
+    later = Recorder(ok(201))
+    with pytest.raises(postonce.IntentExpired):
+        make_client(provider=short_memory(0.3), transport=later.transport).post_once(
+            "/c", json={}, intent="o-23"
+        )
+    assert later.requests == []
+
+
+def test_never_sent_intents_do_not_start_the_horizon(
+    make_client: ClientFactory, outbox_path: Path
+) -> None:
+    """Connect errors only: the horizon has not started, the intent stays pending."""
+    rec = Recorder(connect_error)
+    client = make_client(provider=short_memory(0.2), transport=rec.transport)
+    with pytest.raises(postonce.IntentPending):
+        client.post_once("/c", json={}, intent="o-24")
+    (row,) = rows(outbox_path)
+    assert row["state"] == "pending"
+    assert row["first_delivery_at"] is None
+    assert {a.outcome for a in client.outbox.attempts("o-24")} == {Outcome.NOT_SENT}
+
+
+def test_deadline_stops_a_never_sent_intent(make_client: ClientFactory) -> None:
+    """deadline= cancels an intent that was never delivered once it passes."""
+    rec = Recorder(connect_error)
+    client = make_client(transport=rec.transport, retry=FAST.model_copy(update={"attempts": 1000}))
+    with pytest.raises(postonce.IntentCancelled):
+        client.post_once("/c", json={}, intent="o-25", deadline=timedelta(seconds=0.1))
+    record = client.lookup("o-25")
+    assert record is not None
+    assert record.state is State.CANCELLED
+
+
+def test_deadline_with_ambiguous_delivery_expires(make_client: ClientFactory) -> None:
+    """Past the deadline with delivery ambiguous, the intent expires for reconciliation."""
+    rec = Recorder(read_timeout)
+    client = make_client(transport=rec.transport, retry=FAST.model_copy(update={"attempts": 1000}))
+    with pytest.raises(postonce.IntentExpired):
+        client.post_once("/c", json={}, intent="o-26", deadline=timedelta(seconds=0.1))
+
+
+# -- keys in the body ------------------------------------------------------------------
+
+
+def test_square_key_travels_in_the_body(make_client: ClientFactory) -> None:
+    """Body-field profiles get the key injected into the JSON body, not a header."""
+    rec = Recorder(ok(200))
+    client = make_client(provider="square", transport=rec.transport)
+    response = client.post_once("/v2/payments", json={"amount_money": {"amount": 1}}, intent="sq")
+    sent = json.loads(rec.requests[0].content)
+    assert sent["idempotency_key"] == response.extensions["postonce"].key
+    assert "Idempotency-Key" not in rec.requests[0].headers
+
+
+def test_body_field_key_given_by_the_caller_is_adopted(make_client: ClientFactory) -> None:
+    """A key the caller already put in the body field is the intent's key."""
+    rec = Recorder(ok(200))
+    client = make_client(provider="square", transport=rec.transport)
+    response = client.post_once("/p", json={"idempotency_key": "my-key-1", "x": 1}, intent="sq2")
+    assert response.extensions["postonce"].key == "my-key-1"
+    assert json.loads(rec.requests[0].content)["idempotency_key"] == "my-key-1"
+
+
+def test_body_field_profile_needs_a_json_object(make_client: ClientFactory) -> None:
+    """A body-field profile refuses a non-object body before storing anything."""
+    rec = Recorder(ok(200))
+    client = make_client(provider="aws_client_token", transport=rec.transport)
+    with pytest.raises(postonce.InvalidRequest):
+        client.post_once("/p", content=b"raw", intent="aws")
+    assert rec.requests == []
+
+
+# -- methods and bodies ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["PUT", "PATCH", "DELETE"])
+def test_other_methods_carry_keys(make_client: ClientFactory, method: str) -> None:
+    """request_once and its shortcuts send PUT/PATCH/DELETE with a key too."""
+    rec = Recorder(ok(200))
+    client = make_client(transport=rec.transport)
+    shortcut = {"PUT": client.put_once, "PATCH": client.patch_once, "DELETE": client.delete_once}
+    shortcut[method]("/thing/1", intent=f"m-{method}")
+    assert rec.requests[0].method == method
+    assert rec.requests[0].headers.get("Idempotency-Key")
+
+
+def test_form_and_raw_bodies_are_stored_and_sent_unchanged(make_client: ClientFactory) -> None:
+    """data= and content= bodies are sent as given and resent byte for byte."""
+    rec = Recorder(httpx.Response(503), ok(201))
+    client = make_client(transport=rec.transport)
+    client.post_once("/f", data={"amount": "1"}, intent="form")
+    assert rec.requests[0].content == rec.requests[1].content == b"amount=1"
+    assert rec.requests[1].headers["content-type"] == "application/x-www-form-urlencoded"
+    client.post_once("/r", content=b"\x00\x01raw", intent="raw")
+    assert rec.requests[-1].content == b"\x00\x01raw"
+
+
+# -- write-ahead and secrets -----------------------------------------------------------
+
+
+def test_intent_row_is_committed_before_the_first_byte(
+    make_client: ClientFactory, outbox_path: Path
+) -> None:
+    """A transport that reads the outbox from another connection at send time finds the row."""
+    seen: list[sqlite3.Row] = []
+
+    def look(request: httpx.Request) -> httpx.Response:
+        seen.extend(rows(outbox_path))
+        return ok(201)
+
+    make_client(transport=httpx.MockTransport(look)).post_once(
+        "/charge", json={"amount": 7}, intent="wa-1"
+    )
+    (row,) = seen
+    assert row["reference"] == "wa-1"
+    assert row["state"] == "sending"
+    assert json.loads(row["body"]) == {"amount": 7}
+    assert row["key"]
+    assert row["fingerprint"]
+    assert row["created_at"] > 0
+    assert row["url"] == "http://api.test/charge"
+    assert row["method"] == "POST"
+
+
+def test_no_secret_reaches_the_outbox(make_client: ClientFactory, outbox_path: Path) -> None:
+    """Authorization, Cookie and caller-marked secret headers never touch the disk."""
+    rec = Recorder(httpx.Response(503), ok(201))
+    client = make_client(
+        transport=rec.transport,
+        headers={"Authorization": "Bearer sk_test_CLIENTSECRET"},
+        secret_headers=["X-Api-Signature"],
+    )
+    client.post_once(
+        "/c",
+        json={"amount": 1},
+        intent="sec",
+        headers={
+            "Cookie": "session=COOKIESECRET",
+            "Proxy-Authorization": "Basic PROXYSECRET",
+            "X-Api-Signature": "SIGSECRET",
+            "X-Trace": "visible-trace",
+        },
+    )
+    # Every attempt carried the secrets...
+    for request in rec.requests:
+        assert request.headers["Authorization"] == "Bearer sk_test_CLIENTSECRET"
+        assert request.headers["X-Api-Signature"] == "SIGSECRET"
+    client.close()
+    # ...and no byte of the outbox (database, WAL, shared memory) holds one.
+    blob = b"".join(p.read_bytes() for p in outbox_path.parent.glob("outbox.sqlite3*"))
+    for secret in (b"CLIENTSECRET", b"COOKIESECRET", b"PROXYSECRET", b"SIGSECRET"):
+        assert secret not in blob
+    assert b"visible-trace" in blob
+
+
+def test_event_hook_error_keeps_the_intent_for_the_drain(
+    make_client: ClientFactory, outbox_path: Path
+) -> None:
+    """An exception after the request may have been written leaves the intent pending."""
+
+    def boom(response: httpx.Response) -> None:
+        raise RuntimeError("hook failed")
+
+    client = make_client(transport=Recorder(ok(201)).transport, event_hooks={"response": [boom]})
+    with pytest.raises(RuntimeError, match="hook failed"):
+        client.post_once("/c", json={}, intent="hook")
+    (row,) = rows(outbox_path)
+    assert row["state"] == "pending"
+    assert row["first_delivery_at"] is not None
+    assert client.outbox.attempts("hook")[0].outcome is Outcome.AMBIGUOUS
