@@ -51,9 +51,7 @@ class Profile:
 
 PROFILES = {
     "ietf": Profile(),
-    "stripe": Profile(
-        mismatch_status=400, mismatch_body={"error": {"type": "idempotency_error"}}
-    ),
+    "stripe": Profile(mismatch_status=400, mismatch_body={"error": {"type": "idempotency_error"}}),
     "checkout": Profile(key_header="cko-idempotency-key", replay_header=None, replays_5xx=False),
     "square": Profile(
         key_header=None,
@@ -132,9 +130,7 @@ class IdempotentApp:
             return
         await self._idempotent(scope, body, profile, send)
 
-    async def _idempotent(
-        self, scope: Scope, raw: bytes, profile: Profile, send: SendFn
-    ) -> None:
+    async def _idempotent(self, scope: Scope, raw: bytes, profile: Profile, send: SendFn) -> None:
         headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
         try:
             parsed: Any = json.loads(raw) if raw else {}
@@ -162,7 +158,9 @@ class IdempotentApp:
             await _answer(send, int(b["status"]), b'{"error":"try again"}', extra)
             return
         fingerprint = hashlib.sha256(
-            scope["method"].encode() + scope["path"].encode() + json.dumps(parsed, sort_keys=True).encode()
+            scope["method"].encode()
+            + scope["path"].encode()
+            + json.dumps(parsed, sort_keys=True).encode()
         ).hexdigest()
         entry = s.entries.get(key)
         if entry is not None:
@@ -173,7 +171,9 @@ class IdempotentApp:
             elif not entry.done.is_set():
                 await _answer(send, profile.in_flight_status, b'{"error":"in flight"}')
             else:
-                replay = [(profile.replay_header.encode(), b"true")] if profile.replay_header else []
+                replay = (
+                    [(profile.replay_header.encode(), b"true")] if profile.replay_header else []
+                )
                 await _answer(send, entry.status, entry.body, replay)
             return
         entry = Entry(fingerprint=fingerprint, done=asyncio.Event())

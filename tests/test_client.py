@@ -229,13 +229,25 @@ def test_in_flight_409_waits_and_is_never_a_failure(make_client: ClientFactory) 
     assert len(set(rec.keys())) == 1
 
 
+def test_in_flight_answers_do_not_use_up_attempts(make_client: ClientFactory) -> None:
+    """Ten 409s then a 201 succeed under attempts=2: waiting on in-flight is not retrying."""
+    rec = Recorder(*[httpx.Response(409)] * 10, ok(201))
+    two = FAST.model_copy(update={"attempts": 2, "in_flight_initial": 0.0, "in_flight_max": 0.0})
+    response = make_client(transport=rec.transport).post_once(
+        "/c", json={}, intent="o-10b", retry=two
+    )
+    assert response.status_code == 201
+    assert len(rec.requests) == 11
+
+
 def test_409_until_budget_spent_leaves_the_intent_pending(
     make_client: ClientFactory, outbox_path: Path
 ) -> None:
     """A 409 that outlasts the budget raises IntentPending, never a failure."""
     rec = Recorder(httpx.Response(409))
+    short = FAST.model_copy(update={"timeout": 0.5})
     with pytest.raises(postonce.IntentPending) as exc:
-        make_client(transport=rec.transport).post_once("/c", json={}, intent="o-11")
+        make_client(transport=rec.transport, retry=short).post_once("/c", json={}, intent="o-11")
     assert exc.value.due_at is not None
     (row,) = rows(outbox_path)
     assert row["state"] == "pending"
@@ -331,7 +343,9 @@ def test_budget_attempts_per_call_override(make_client: ClientFactory) -> None:
     rec = Recorder(httpx.Response(503))
     client = make_client(transport=rec.transport)
     with pytest.raises(postonce.IntentPending):
-        client.post_once("/c", json={}, intent="o-20", retry=FAST.model_copy(update={"attempts": 2}))
+        client.post_once(
+            "/c", json={}, intent="o-20", retry=FAST.model_copy(update={"attempts": 2})
+        )
     assert len(rec.requests) == 2
 
 

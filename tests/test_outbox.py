@@ -154,8 +154,15 @@ def test_expired_lease_is_taken_over_and_the_old_owner_is_fenced(outbox_path: Pa
     assert late.record.key == first.record.key
     assert late.anchor_before == 1000.0
     stale = a.record(
-        first.lease, an_attempt(), state=State.SUCCEEDED, anchor=1000.0, due_at=None,
-        lease_until=None, response=None, note=None, durable=True,
+        first.lease,
+        an_attempt(),
+        state=State.SUCCEEDED,
+        anchor=1000.0,
+        due_at=None,
+        lease_until=None,
+        response=None,
+        note=None,
+        durable=True,
     )
     assert stale is False
     assert a.release(first.lease, now=1012.0, due_at=None) is False
@@ -166,8 +173,15 @@ def test_expired_lease_is_taken_over_and_the_old_owner_is_fenced(outbox_path: Pa
     assert record.state is State.SENDING
     assert record.lease_owner == "b"
     assert b.record(
-        late.lease, an_attempt(), state=State.SUCCEEDED, anchor=1000.0, due_at=None,
-        lease_until=None, response=None, note=None, durable=True,
+        late.lease,
+        an_attempt(),
+        state=State.SUCCEEDED,
+        anchor=1000.0,
+        due_at=None,
+        lease_until=None,
+        response=None,
+        note=None,
+        durable=True,
     )
     a.close()
     b.close()
@@ -179,8 +193,15 @@ def test_terminal_intents_are_not_claimed(outbox_path: Path) -> None:
     opened = store.open_intent(new_intent(), owner="a", now=1000.0, lease_for=10)
     assert opened.lease is not None
     store.record(
-        opened.lease, an_attempt(), state=State.SUCCEEDED, anchor=1000.0, due_at=None,
-        lease_until=None, response=None, note=None, durable=True,
+        opened.lease,
+        an_attempt(),
+        state=State.SUCCEEDED,
+        anchor=1000.0,
+        due_at=None,
+        lease_until=None,
+        response=None,
+        note=None,
+        durable=True,
     )
     again = store.open_intent(new_intent(), owner="b", now=2000.0, lease_for=10)
     assert again.lease is None
@@ -198,8 +219,15 @@ def test_write_ahead_is_full_sync_and_a_2xx_record_is_not(outbox_path: Path) -> 
     write_ahead = trace[: trace.index("COMMIT") + 1]
     trace.clear()
     store.record(
-        opened.lease, an_attempt(), state=State.SUCCEEDED, anchor=1000.0, due_at=None,
-        lease_until=None, response=None, note=None, durable=False,
+        opened.lease,
+        an_attempt(),
+        state=State.SUCCEEDED,
+        anchor=1000.0,
+        due_at=None,
+        lease_until=None,
+        response=None,
+        note=None,
+        durable=False,
     )
     completion = list(trace)
     store.close()
@@ -222,9 +250,7 @@ def test_normal_durability_never_syncs_full(outbox_path: Path) -> None:
 def test_large_response_bodies_are_truncated_with_a_hash(make_client: ClientFactory) -> None:
     """A body over the stored limit is kept as its head, flagged truncated, with a SHA-256."""
     big = b"x" * ((1 << 20) + 10)
-    client = make_client(
-        transport=httpx.MockTransport(lambda r: httpx.Response(201, content=big))
-    )
+    client = make_client(transport=httpx.MockTransport(lambda r: httpx.Response(201, content=big)))
     live = client.post_once("/c", json={}, intent="big")
     assert live.content == big
     stored = client.post_once("/c", json={}, intent="big")

@@ -54,7 +54,7 @@ def error_codes(body: bytes) -> frozenset[str] | str:
     head = body[:_SCAN_LIMIT]
     try:
         parsed = json.loads(head)
-    except ValueError:
+    except (ValueError, RecursionError):  # a hostile nesting depth is just text to us
         return head.decode("utf-8", "replace")
     return frozenset(_walk(parsed, 0))
 

@@ -194,7 +194,7 @@ class Client:
         )
         try:
             store = self.outbox
-        except OutboxError as exc:
+        except PostonceError as exc:
             raise _named(exc, prepared) from exc
         call = Call(
             prepared=prepared,

@@ -15,13 +15,15 @@ Every error postonce raises derives from :class:`PostonceError`::
         ├── IntentCancelled       never delivered and stopped (operator or deadline)
         └── IdempotencyKeyMismatch the server says the key was used with another request
 
-Errors raised while handling an intent carry its ``reference`` and ``key``
-(``key`` is ``None`` only where none was minted yet) and name both in their
-message. Delivery outcomes that are answers (a 402, a 500 the provider
+Errors raised while handling an intent carry its ``reference`` and, once a
+key exists, its ``key``, and name both in their message (an ``IntentError``
+always has both). Delivery outcomes that are answers (a 402, a 500 the provider
 replays) are not errors: they come back as the ``httpx.Response``.
 """
 
 from __future__ import annotations
+
+import httpx
 
 __all__ = [
     "ConfigurationError",
@@ -83,9 +85,12 @@ class OutboxError(PostonceError):
 
 
 class IntentError(PostonceError):
-    """Something about one stored intent stops this call."""
+    """Something about one stored intent stops this call. Names its reference and key."""
 
-    def __init__(self, message: str, *, reference: str, key: str | None) -> None:
+    reference: str
+    key: str
+
+    def __init__(self, message: str, *, reference: str, key: str) -> None:
         super().__init__(message, reference=reference, key=key)
 
 
@@ -100,7 +105,7 @@ class IntentPending(IntentError):
     """
 
     def __init__(
-        self, message: str, *, reference: str, key: str | None, due_at: float | None = None
+        self, message: str, *, reference: str, key: str, due_at: float | None = None
     ) -> None:
         self.due_at = due_at
         super().__init__(message, reference=reference, key=key)
@@ -125,7 +130,12 @@ class IdempotencyKeyMismatch(IntentError):
     """
 
     def __init__(
-        self, message: str, *, reference: str, key: str | None, response: object = None
+        self,
+        message: str,
+        *,
+        reference: str,
+        key: str,
+        response: httpx.Response | None = None,
     ) -> None:
         self.response = response
         super().__init__(message, reference=reference, key=key)

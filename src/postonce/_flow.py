@@ -216,7 +216,6 @@ def run(call: Call) -> Generator[Effect, Any, httpx.Response]:
     headers = wire_headers(record.headers, p.secret_headers, record.key, provider)
     while True:
         attempt += 1
-        attempts_left -= 1
         if lease.expires_at - clock() < call.lease_seconds / 2:
             renewed = yield StoreCall(
                 "renew", {"lease": lease, "now": clock(), "until": clock() + call.lease_seconds}
@@ -271,6 +270,9 @@ def run(call: Call) -> Generator[Effect, Any, httpx.Response]:
             )
             cause = None
         duration = clock() - sent_at
+        # Waiting on an in-flight answer is not a retry: only the time budget bounds it.
+        if outcome is not Outcome.IN_PROGRESS:
+            attempts_left -= 1
         delivered_maybe = delivered_maybe or outcome is not Outcome.NOT_SENT
         anchor = claimed_anchor if delivered_maybe else None
         now = clock()

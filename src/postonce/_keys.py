@@ -87,7 +87,8 @@ def fingerprint(
     digest.update(method.upper().encode())
     digest.update(b"\n")
     digest.update(target.encode())
-    digest.update(b"\n")
+    # The body's kind is part of the request: JSON {"a":1} is not the raw bytes {"a":1}.
+    digest.update(b"\njson\n" if is_json else b"\nraw\n")
     if is_json:
         projected = _project(json_body, fields, reference) if fields else json_body
         try:

@@ -25,7 +25,9 @@ class RetryPolicy(BaseModel):
     """How hard and how long to retry. Set it on the client; override it per call.
 
     The foreground call stops after ``attempts`` sends or ``timeout`` seconds,
-    whichever comes first, and leaves the intent pending for the drain. Waits
+    whichever comes first, and leaves the intent pending for the drain. Sends
+    answered "still in flight" (e.g. 409) do not count as attempts: only
+    ``timeout`` bounds the wait for the first request to finish. Waits
     are exponential with full jitter (tenacity's ``wait_random_exponential``);
     a ``Retry-After`` or ``retry-after-ms`` answer is honoured up to
     ``retry_after_max``. An in-flight answer (e.g. 409) waits on the shorter

@@ -96,7 +96,10 @@ class Provider(BaseModel):
     @classmethod
     def _compiles(cls, value: str | None) -> str | None:
         if value is not None:
-            re.compile(value)
+            try:
+                re.compile(value)
+            except re.error as exc:  # not a ValueError: pydantic would let it escape
+                raise ValueError(f"key_pattern is not a regular expression: {exc}") from exc
         return value
 
     @model_validator(mode="after")

@@ -1,0 +1,153 @@
+"""End to end against a real uvicorn server on 127.0.0.1 that honours keys."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+
+import postonce
+from postonce import State
+from tests.conftest import FAST, ClientFactory, LoopbackServer
+
+
+def test_field_scenario_timeout_then_one_charge(
+    server: LoopbackServer, make_client: ClientFactory
+) -> None:
+    """Client timeout 1 s, server takes 2 s: the retry gets the original answer, one charge."""
+    client = make_client(server.base_url, timeout=httpx.Timeout(5.0, read=1.0))
+    response = client.post_once(
+        "/ietf/v1/charges",
+        json={"amount": 4200, "currency": "usd", "_test": {"delay": 2.0}},
+        intent="order-1234/charge",
+    )
+    info = response.extensions["postonce"]
+    effects = server.effects_for(info.key)
+    assert len(effects) == 1
+    assert response.status_code == 201
+    assert response.json()["id"] == effects[0]["id"]
+    assert info.replayed is True
+    attempts = client.outbox.attempts("order-1234/charge")
+    assert attempts[0].outcome is postonce.Outcome.AMBIGUOUS
+    assert attempts[0].error_type == "ReadTimeout"
+    assert attempts[-1].outcome is postonce.Outcome.FINAL
+    assert len(attempts) >= 2
+
+
+def test_gateway_503_with_retry_after_then_success(
+    server: LoopbackServer, make_client: ClientFactory
+) -> None:
+    """503s before the idempotency layer are retried after Retry-After; one charge."""
+    client = make_client(server.base_url)
+    response = client.post_once(
+        "/ietf/v1/charges",
+        json={"amount": 1, "_test": {"before": [{"status": 503, "retry_after": "0"}] * 2}},
+        intent="gw-503",
+    )
+    assert response.status_code == 201
+    key = response.extensions["postonce"].key
+    assert len(server.requests_for(key)) == 3
+    assert len(server.effects_for(key)) == 1
+
+
+def test_stored_500_is_a_final_answer(server: LoopbackServer, make_client: ClientFactory) -> None:
+    """A 500 the server executed and stored is the intent's answer, not retried."""
+    client = make_client(server.base_url, provider="stripe")
+    response = client.post_once(
+        "/stripe/v1/charges", json={"amount": 1, "_test": {"status": 500}}, intent="s-500"
+    )
+    assert response.status_code == 500
+    key = response.extensions["postonce"].key
+    assert len(server.requests_for(key)) == 1
+    record = client.lookup("s-500")
+    assert record is not None
+    assert record.state is State.FAILED
+
+
+def test_key_reused_with_another_body_is_a_mismatch(
+    server: LoopbackServer, make_client: ClientFactory, tmp_path: Path
+) -> None:
+    """Another system reusing our key with a different body gets the provider's mismatch."""
+    first = make_client(server.base_url, provider="stripe")
+    first.post_once("/stripe/v1/charges", json={"amount": 1}, intent="mm", key="shared-key-0001")
+    other = make_client(server.base_url, provider="stripe", outbox=tmp_path / "other.db")
+    with pytest.raises(postonce.IdempotencyKeyMismatch) as exc:
+        other.post_once(
+            "/stripe/v1/charges", json={"amount": 999}, intent="mm", key="shared-key-0001"
+        )
+    assert exc.value.key == "shared-key-0001"
+    assert len(server.effects_for("shared-key-0001")) == 1
+    assert len(server.requests_for("shared-key-0001")) == 2
+
+
+def test_square_body_key_survives_a_timeout(
+    server: LoopbackServer, make_client: ClientFactory
+) -> None:
+    """A key carried in the JSON body is resent unchanged; one payment."""
+    client = make_client(server.base_url, provider="square", timeout=httpx.Timeout(5.0, read=0.5))
+    response = client.post_once(
+        "/square/v2/payments",
+        json={"amount_money": {"amount": 100}, "_test": {"delay": 1.0}},
+        intent="sq-pay",
+    )
+    assert response.status_code == 201
+    key = response.extensions["postonce"].key
+    assert len(server.effects_for(key)) == 1
+    assert len(server.requests_for(key)) >= 2
+
+
+def test_checkout_header_name(server: LoopbackServer, make_client: ClientFactory) -> None:
+    """The checkout profile sends its key as Cko-Idempotency-Key."""
+    client = make_client(server.base_url, provider="checkout")
+    response = client.post_once("/checkout/payments", json={"amount": 1}, intent="cko")
+    assert response.json()["key"] == response.extensions["postonce"].key
+
+
+def test_two_threads_one_intent_one_effect(
+    server: LoopbackServer, make_client: ClientFactory
+) -> None:
+    """Two clients on one outbox racing the same intent: one sends, both get the answer."""
+    clients = [make_client(server.base_url) for _ in range(2)]
+    results: list[httpx.Response] = []
+    barrier = threading.Barrier(2)
+
+    def go(client: postonce.Client) -> None:
+        barrier.wait()
+        results.append(
+            client.post_once(
+                "/ietf/v1/charges", json={"amount": 5, "_test": {"delay": 0.3}}, intent="race"
+            )
+        )
+
+    threads = [threading.Thread(target=go, args=(c,)) for c in clients]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 2
+    key = results[0].extensions["postonce"].key
+    assert {r.extensions["postonce"].key for r in results} == {key}
+    assert len(server.effects_for(key)) == 1
+    assert len(server.requests_for(key)) == 1
+    assert {r.json()["id"] for r in results} == {server.effects_for(key)[0]["id"]}
+
+
+def test_pending_intent_finished_by_a_later_call(
+    server: LoopbackServer, make_client: ClientFactory
+) -> None:
+    """Budget spent on 503s: IntentPending; the next call with the intent finishes it."""
+    client = make_client(server.base_url)
+    body = {"amount": 9, "_test": {"before": [{"status": 503, "retry_after": "0"}] * 3}}
+    with pytest.raises(postonce.IntentPending) as exc:
+        client.post_once(
+            "/ietf/v1/charges",
+            json=body,
+            intent="later",
+            retry=FAST.model_copy(update={"attempts": 2}),
+        )
+    response = client.post_once("/ietf/v1/charges", json=body, intent="later")
+    assert response.status_code == 201
+    assert response.extensions["postonce"].key == exc.value.key
+    assert len(server.effects_for(exc.value.key)) == 1

@@ -1,0 +1,145 @@
+"""Provider profiles: the built-ins, lookup and validation of custom profiles."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from postonce._exceptions import ConfigurationError, UnknownProvider
+from postonce._keys import check_key, mint_key
+from postonce.providers import BUILTIN_PROVIDERS, Provider, StatusRule, get_provider
+
+EXPECTED_NAMES = frozenset(
+    {
+        "stripe",
+        "adyen",
+        "checkout",
+        "mollie",
+        "modern_treasury",
+        "increase",
+        "lithic",
+        "paypal_orders",
+        "razorpay_payouts",
+        "square",
+        "aws_client_token",
+        "ietf_draft",
+    }
+)
+BUILTINS = [pytest.param(p, id=name) for name, p in sorted(BUILTIN_PROVIDERS.items())]
+
+
+def test_builtin_names() -> None:
+    """Every documented built-in profile is present."""
+    assert set(BUILTIN_PROVIDERS) >= EXPECTED_NAMES
+
+
+@pytest.mark.parametrize("provider", BUILTINS)
+def test_builtin_profile_is_sound(provider: Provider) -> None:
+    """A built-in is filed under its name, cites a source and keeps keys for a positive time."""
+    assert BUILTIN_PROVIDERS[provider.name] is provider
+    assert provider.sources
+    assert all(source.strip() for source in provider.sources)
+    assert provider.retention > timedelta(0)
+    assert provider.key_field
+
+
+@pytest.mark.parametrize("provider", BUILTINS)
+def test_minted_key_passes_every_builtin(provider: Provider) -> None:
+    """A freshly minted UUIDv4 is accepted by every built-in profile."""
+    for _ in range(20):
+        key = mint_key()
+        assert check_key(key, provider, reference="r") == key
+
+
+def test_get_provider_unknown_lists_known_names() -> None:
+    """An unknown name raises UnknownProvider (a ConfigurationError) listing the known names."""
+    with pytest.raises(UnknownProvider) as info:
+        get_provider("nope")
+    assert isinstance(info.value, ConfigurationError)
+    message = str(info.value)
+    assert "'nope'" in message
+    for name in BUILTIN_PROVIDERS:
+        assert name in message
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_NAMES))
+def test_get_provider_by_name(name: str) -> None:
+    """A built-in name returns that built-in profile."""
+    assert get_provider(name) is BUILTIN_PROVIDERS[name]
+
+
+def test_get_provider_passes_custom_profile_through() -> None:
+    """A Provider instance comes back as the very same object."""
+    custom = Provider(
+        name="stripe",  # even a built-in's name does not swap in the built-in
+        key_field="X-Request-Key",
+        key_max_length=64,
+        retention=timedelta(hours=48),
+        in_flight=(StatusRule(status=409),),
+        mismatch=(StatusRule(status=422),),
+    )
+    assert get_provider(custom) is custom
+    assert get_provider(custom) is not BUILTIN_PROVIDERS["stripe"]
+
+
+def test_provider_is_frozen() -> None:
+    """Assigning to a Provider field raises."""
+    provider = BUILTIN_PROVIDERS["stripe"]
+    with pytest.raises(ValidationError):
+        provider.retention = timedelta(days=30)  # type: ignore[misc]
+    assert provider.retention == timedelta(hours=24)
+
+
+def test_status_rule_is_frozen() -> None:
+    """Assigning to a StatusRule field raises."""
+    rule = StatusRule(status=409)
+    with pytest.raises(ValidationError):
+        rule.status = 410  # type: ignore[misc]
+
+
+BASE: dict[str, Any] = {"name": "custom", "retention": timedelta(hours=1)}
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        pytest.param({"key_min_length": 10, "key_max_length": 5}, id="min-above-max"),
+        pytest.param({"key_min_length": 0}, id="zero-min"),
+        pytest.param({"key_max_length": 0}, id="zero-max"),
+        pytest.param({"retention": timedelta(0)}, id="zero-retention"),
+        pytest.param({"retention": timedelta(seconds=-1)}, id="negative-retention"),
+        pytest.param({"in_flight": [{}]}, id="empty-in-flight-rule"),
+        pytest.param({"mismatch": [{"status": None, "code": None}]}, id="empty-mismatch-rule"),
+        pytest.param({"key_transport": "query"}, id="unknown-transport"),
+        pytest.param({"unknown": 1}, id="unknown-field"),
+    ],
+)
+def test_invalid_provider_rejected(fields: Mapping[str, Any]) -> None:
+    """An inconsistent custom profile raises pydantic ValidationError."""
+    with pytest.raises(ValidationError):
+        Provider.model_validate({**BASE, **fields})
+
+
+def test_status_rule_needs_status_or_code() -> None:
+    """A StatusRule with neither status nor code raises ValidationError."""
+    with pytest.raises(ValidationError):
+        StatusRule.model_validate({})
+
+
+def test_bad_key_pattern_rejected() -> None:
+    """A key_pattern that is not a valid regular expression raises ValidationError."""
+    with pytest.raises(ValidationError):
+        Provider.model_validate({**BASE, "key_pattern": "("})
+
+
+def test_valid_custom_provider() -> None:
+    """A consistent custom profile validates with the given values."""
+    provider = Provider.model_validate(
+        {**BASE, "key_min_length": 36, "key_max_length": 36, "key_pattern": r"[0-9a-f-]+"}
+    )
+    assert (provider.key_min_length, provider.key_max_length) == (36, 36)
+    assert provider.key_pattern == r"[0-9a-f-]+"
