@@ -4,8 +4,6 @@ One idempotency key per intent, written ahead to a durable outbox, carried by
 every retry, and never re-sent after the provider may have forgotten it.
 """
 
-from __future__ import annotations
-
 from ._client import Client, OnceOptions
 from ._exceptions import (
     ConfigurationError,
