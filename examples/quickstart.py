@@ -33,9 +33,8 @@ def main() -> None:
         again = client.post_once(
             "/v1/payment_intents", json={"amount": 4200, "currency": "usd"}, intent=intent
         )
-        print(
-            f"same intent again: answered from the outbox: {again.extensions['postonce'].from_outbox}"
-        )
+        from_outbox = again.extensions["postonce"].from_outbox
+        print(f"same intent again: answered from the outbox: {from_outbox}")
         print(f"the server charged {api.charges} time(s)")
         print(f"outbox: {getattr(client.outbox, 'path', client.outbox)}")
 
