@@ -569,3 +569,39 @@ def test_event_hook_error_keeps_the_intent_for_the_drain(
     assert row["state"] == "pending"
     assert row["first_delivery_at"] is not None
     assert client.outbox.attempts("hook")[0].outcome is Outcome.AMBIGUOUS
+
+
+# -- httpx options -----------------------------------------------------------------------
+
+
+def test_a_ready_httpx_client_is_used_and_left_open(outbox_path: Path) -> None:
+    """http= takes a configured httpx.Client; closing postonce's client leaves it open."""
+    rec = Recorder(ok(201))
+    http = httpx.Client(base_url="http://api.test", transport=rec.transport)
+    client = postonce.Client(http=http, outbox=outbox_path, retry=FAST)
+    assert client.post_once("/c", json={}, intent="own").status_code == 201
+    client.close()
+    assert not http.is_closed
+    assert str(rec.requests[0].url) == "http://api.test/c"
+    http.close()
+
+
+def test_http_and_httpx_options_together_are_refused(outbox_path: Path) -> None:
+    """Options for httpx belong on the httpx.Client when one is passed."""
+    with pytest.raises(postonce.ConfigurationError):
+        postonce.Client(http=httpx.Client(), outbox=outbox_path, timeout=3.0)
+
+
+def test_httpx_auth_is_applied_and_never_stored(
+    make_client: ClientFactory, outbox_path: Path
+) -> None:
+    """auth= works as in httpx: every send is authenticated, the outbox holds no credential."""
+    rec = Recorder(httpx.Response(503), ok(201))
+    client = make_client(transport=rec.transport, auth=("acct", "AUTHSECRET"))
+    client.post_once("/c", json={"a": 1}, intent="auth")
+    assert all(r.headers["Authorization"].startswith("Basic ") for r in rec.requests)
+    client.close()
+    blob = b"".join(p.read_bytes() for p in outbox_path.parent.glob("outbox.sqlite3*"))
+    basic = rec.requests[0].headers["Authorization"].split()[1].encode()
+    assert basic not in blob
+    assert b"AUTHSECRET" not in blob
