@@ -121,6 +121,28 @@ def test_outbox_env_var_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert SQLiteStore(target).get("env") is not None
 
 
+def test_two_connections_can_create_one_new_outbox_at_once(tmp_path: Path) -> None:
+    """Two threads opening the same brand-new outbox together both succeed (WAL switch race)."""
+    errors: list[BaseException] = []
+    for round_ in range(100):
+        path = tmp_path / f"new-{round_}.sqlite3"
+        barrier = threading.Barrier(2)
+
+        def open_it(path: Path = path, barrier: threading.Barrier = barrier) -> None:
+            barrier.wait()
+            try:
+                SQLiteStore(path).close()
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=open_it) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert errors == []
+
+
 def test_concurrent_opens_grant_one_lease(outbox_path: Path) -> None:
     """Many threads on separate connections race for one intent: exactly one holds it."""
     SQLiteStore(outbox_path).close()

@@ -5,6 +5,7 @@ every retry, and never re-sent after the provider may have forgotten it.
 """
 
 from ._client import Client, OnceOptions
+from ._drain import DrainReport
 from ._exceptions import (
     ConfigurationError,
     IdempotencyKeyMismatch,
@@ -13,6 +14,7 @@ from ._exceptions import (
     IntentError,
     IntentExpired,
     IntentPending,
+    IntentPurged,
     InvalidKey,
     InvalidRequest,
     OutboxError,
@@ -29,6 +31,7 @@ __all__ = [
     "BUILTIN_PROVIDERS",
     "Client",
     "ConfigurationError",
+    "DrainReport",
     "IdempotencyKeyMismatch",
     "IntentCancelled",
     "IntentConflict",
@@ -36,6 +39,7 @@ __all__ = [
     "IntentExpired",
     "IntentInfo",
     "IntentPending",
+    "IntentPurged",
     "IntentRecord",
     "InvalidKey",
     "InvalidRequest",

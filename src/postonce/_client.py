@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import socket
@@ -14,17 +15,20 @@ from typing import Any, TypedDict
 import httpx
 from typing_extensions import Unpack
 
+from ._drain import DrainReport, Tally, count_outcome, run_drain, stop_on_signals
 from ._exceptions import ConfigurationError, OutboxError, PostonceError
-from ._flow import Call, Send, Sleep, StoreCall, run
+from ._flow import Send, Sender, Sleep, StoreCall, run, send_claimed
 from ._intent import IntentRecord
-from ._outbox.base import Store
+from ._outbox.base import NewIntent, Opened, Store
 from ._outbox.locate import OutboxSpec, open_store
 from ._outbox.sqlite import Durability
 from ._policy import RetryPolicy
-from ._wire import DEFAULT_SECRET_HEADERS, UNSET, HeaderInput, Prepared, prepare
+from ._wire import DEFAULT_SECRET_HEADERS, UNSET, HeaderInput, prepare
 from .providers import Provider, get_provider
 
 __all__ = ["Client"]
+
+logger = logging.getLogger("postonce")
 
 DeadlineInput = datetime | timedelta | None
 
@@ -58,11 +62,11 @@ def _deadline(deadline: DeadlineInput, now: float, reference: str | None) -> flo
     )
 
 
-def _named(exc: PostonceError, prepared: Prepared) -> PostonceError:
+def _named(exc: PostonceError, reference: str, key: str) -> PostonceError:
     """The same error, naming the intent it happened to."""
     if exc.reference is not None:
         return exc
-    named = type(exc)(exc.message, reference=prepared.reference, key=prepared.key)
+    named = type(exc)(exc.message, reference=reference, key=key)
     named.__cause__ = exc.__cause__ or exc
     return named
 
@@ -135,6 +139,14 @@ class Client:
                     self._store = open_store(self._outbox_spec, durability=self._durability)
         return self._store
 
+    def use_outbox(self, outbox: OutboxSpec) -> None:
+        """Point this client at another outbox; only before the outbox is first used."""
+        if self._store is not None:
+            raise ConfigurationError("the outbox is already open; choose it before first use")
+        self._outbox_spec = outbox
+        if outbox is not None and not isinstance(outbox, str | os.PathLike):
+            self._store, self._owns_store = outbox, False
+
     def lookup(self, intent: str) -> IntentRecord | None:
         """The stored intent with this reference, or None."""
         return self.outbox.get(intent)
@@ -195,23 +207,40 @@ class Client:
         try:
             store = self.outbox
         except PostonceError as exc:
-            raise _named(exc, prepared) from exc
-        call = Call(
-            prepared=prepared,
+            raise _named(exc, prepared.reference, prepared.key) from exc
+        sender = Sender(
             provider=profile,
             policy=retry if retry is not None else self.retry,
-            deadline_at=_deadline(deadline, self._clock(), prepared.reference),
             owner=self.owner,
             lease_seconds=self.lease_seconds,
             clock=self._clock,
             build_request=self._http.build_request,
             timeout=timeout,
+            secret_headers=prepared.secret_headers,
         )
-        return self._drive(run(call), store, prepared)
+        new = NewIntent(
+            reference=prepared.reference,
+            key=prepared.key,
+            key_given=prepared.key_given,
+            provider=profile.name,
+            method=prepared.method,
+            url=prepared.url,
+            headers=prepared.headers,
+            body=prepared.body,
+            fingerprint=prepared.fingerprint,
+            deadline_at=_deadline(deadline, self._clock(), prepared.reference),
+        )
+        return self._drive(run(sender, new), store, prepared.reference, prepared.key)
 
     def _drive(
-        self, flow: Generator[Any, Any, httpx.Response], store: Store, prepared: Prepared
+        self,
+        flow: Generator[Any, Any, httpx.Response],
+        store: Store,
+        reference: str,
+        key: str,
+        on_send: Callable[[], None] | None = None,
     ) -> httpx.Response:
+        """Perform a flow's effects with blocking calls until it returns or raises."""
         value: Any = None
         error: Exception | None = None
         while True:
@@ -220,10 +249,12 @@ class Client:
             except StopIteration as stop:
                 return stop.value  # type: ignore[no-any-return]
             except OutboxError as exc:
-                raise _named(exc, prepared) from exc
+                raise _named(exc, reference, key) from exc
             value, error = None, None
             try:
                 if isinstance(effect, Send):
+                    if on_send is not None:
+                        on_send()
                     value = self._http.send(effect.request)
                 elif isinstance(effect, Sleep):
                     time.sleep(effect.seconds)
@@ -248,6 +279,103 @@ class Client:
     def delete_once(self, url: httpx.URL | str, **kwargs: Unpack[OnceOptions]) -> httpx.Response:
         """``request_once("DELETE", url, ...)``."""
         return self.request_once("DELETE", url, **kwargs)
+
+    # -- the drain -----------------------------------------------------------
+
+    def drain(
+        self,
+        *,
+        forever: bool = False,
+        interval: float = 5.0,
+        concurrency: int = 1,
+        stop: threading.Event | None = None,
+        progress: Callable[[DrainReport], None] | None = None,
+    ) -> DrainReport:
+        """Send every due intent once, with its stored key; return a DrainReport.
+
+        Due intents are pending ones whose due time has come and sending ones
+        whose sender died (its lease expired). Each is leased, sent once, and
+        recorded; a retryable outcome stores its next due time instead of
+        sleeping. With ``forever=True`` this is a worker loop that looks for due
+        intents every ``interval`` seconds. In the main thread, SIGTERM and
+        SIGINT (or ``stop.set()`` from anywhere) stop it cleanly: attempts in
+        flight finish and are recorded, and claimed intents not yet sent are
+        released.
+
+        The headers and auth of this client are what the drain sends with:
+        the outbox holds no credentials.
+        """
+        if concurrency < 1:
+            raise ConfigurationError("concurrency must be at least 1")
+        store = self.outbox
+        tally = Tally()
+        stop = stop if stop is not None else threading.Event()
+
+        def claim(due_by: float, limit: int) -> list[Opened]:
+            return store.claim_due(
+                owner=self.owner,
+                now=self._clock(),
+                limit=limit,
+                lease_for=self.lease_seconds,
+                due_by=due_by,
+            )
+
+        def process(opened: Opened) -> None:
+            record = opened.record
+            assert opened.lease is not None
+            try:
+                provider = self._provider_for(record.provider)
+            except PostonceError:
+                logger.error(
+                    "drain: intent %r names provider %r, which this client does not know; "
+                    "configure the client with that profile",
+                    record.reference,
+                    record.provider,
+                )
+                store.release(opened.lease, now=self._clock(), due_at=self._clock() + interval)
+                tally.add("errors")
+                return
+            sender = Sender(
+                provider=provider,
+                policy=self.retry,
+                owner=self.owner,
+                lease_seconds=self.lease_seconds,
+                clock=self._clock,
+                build_request=self._http.build_request,
+                timeout=httpx.USE_CLIENT_DEFAULT,
+            )
+            flow = send_claimed(
+                sender, record, opened.lease, opened.anchor_before, ends_at=None, foreground=False
+            )
+            count_outcome(
+                tally,
+                lambda: self._drive(
+                    flow, store, record.reference, record.key, lambda: tally.add("sent")
+                ),
+            )
+
+        def release(opened: Opened) -> None:
+            assert opened.lease is not None
+            due = opened.record.due_at
+            store.release(opened.lease, now=self._clock(), due_at=due or self._clock())
+
+        with stop_on_signals(stop):
+            return run_drain(
+                claim=claim,
+                process=process,
+                release=release,
+                clock=self._clock,
+                tally=tally,
+                forever=forever,
+                interval=interval,
+                concurrency=concurrency,
+                stop=stop,
+                progress=progress,
+            )
+
+    def _provider_for(self, name: str) -> Provider:
+        """The profile a stored intent was made under: this client's, or a built-in."""
+        return self.provider if name == self.provider.name else get_provider(name)
 
     # -- life cycle ----------------------------------------------------------
 

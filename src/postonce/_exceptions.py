@@ -13,6 +13,7 @@ Every error postonce raises derives from :class:`PostonceError`::
         ├── IntentPending         the foreground gave up; the intent waits for the drain
         ├── IntentExpired         the provider may have forgotten the key: reconcile by hand
         ├── IntentCancelled       never delivered and stopped (operator or deadline)
+        ├── IntentPurged          finished long ago; only its tombstone is left
         └── IdempotencyKeyMismatch the server says the key was used with another request
 
 Errors raised while handling an intent carry its ``reference`` and, once a
@@ -33,6 +34,7 @@ __all__ = [
     "IntentError",
     "IntentExpired",
     "IntentPending",
+    "IntentPurged",
     "InvalidKey",
     "InvalidRequest",
     "OutboxError",
@@ -121,6 +123,10 @@ class IntentExpired(IntentError):
 
 class IntentCancelled(IntentError):
     """The intent was never delivered and will not be: cancelled or past its deadline."""
+
+
+class IntentPurged(IntentError):
+    """The intent finished and was purged; its tombstone refuses a second execution."""
 
 
 class IdempotencyKeyMismatch(IntentError):

@@ -15,6 +15,7 @@ send that may reach a server that has seen the key.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any
@@ -30,15 +31,18 @@ from ._exceptions import (
     IntentError,
     IntentExpired,
     IntentPending,
+    IntentPurged,
 )
 from ._intent import TERMINAL, IntentInfo, IntentRecord, Outcome, State
 from ._outbox.base import AttemptRecord, Lease, NewIntent
 from ._outbox.sqlite import storable_response
 from ._policy import RetryPolicy
-from ._wire import Prepared, wire_headers
+from ._wire import wire_headers
 from .providers import Provider
 
-__all__ = ["Call", "Send", "Sleep", "StoreCall", "from_outbox", "run"]
+__all__ = ["Send", "Sender", "Sleep", "StoreCall", "from_outbox", "run", "send_claimed"]
+
+logger = logging.getLogger("postonce")
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,18 +69,17 @@ Effect = StoreCall | Send | Sleep
 
 
 @dataclass(frozen=True, slots=True)
-class Call:
-    """Everything one call needs, fixed before it starts."""
+class Sender:
+    """How this process sends: the profile, the policy, its identity and its secrets."""
 
-    prepared: Prepared
     provider: Provider
     policy: RetryPolicy
-    deadline_at: float | None
     owner: str
     lease_seconds: float
     clock: Callable[[], float]
     build_request: Callable[..., httpx.Request]
     timeout: Any  # an httpx timeout, or httpx's USE_CLIENT_DEFAULT
+    secret_headers: tuple[tuple[str, str], ...] = ()  # memory only, never stored
 
 
 def _annotate(response: httpx.Response, info: IntentInfo) -> httpx.Response:
@@ -86,6 +89,13 @@ def _annotate(response: httpx.Response, info: IntentInfo) -> httpx.Response:
 
 def from_outbox(record: IntentRecord) -> httpx.Response:
     """The stored answer of a terminal intent, or the error that stands for it."""
+    if record.purged_at is not None:
+        raise IntentPurged(
+            f"it finished as {record.state.value} and was purged; only its tombstone is left, "
+            "and it is not executed again",
+            reference=record.reference,
+            key=record.key,
+        )
     if record.state is State.EXPIRED:
         raise IntentExpired(
             record.note or "delivery was ambiguous past the retry horizon; reconcile it",
@@ -128,39 +138,29 @@ def from_outbox(record: IntentRecord) -> httpx.Response:
     return _annotate(response, info)
 
 
-def _new_intent(call: Call) -> NewIntent:
-    p = call.prepared
-    return NewIntent(
-        reference=p.reference,
-        key=p.key,
-        key_given=p.key_given,
-        provider=call.provider.name,
-        method=p.method,
-        url=p.url,
-        headers=p.headers,
-        body=p.body,
-        fingerprint=p.fingerprint,
-        deadline_at=call.deadline_at,
-    )
-
-
 def _stop(step: Step, record: IntentRecord) -> Exception:
-    exc_type = IntentCancelled if step.kind is StepKind.CANCEL else IntentExpired
-    return exc_type(step.reason, reference=record.reference, key=record.key)
+    if step.kind is StepKind.CANCEL:
+        return IntentCancelled(step.reason, reference=record.reference, key=record.key)
+    logger.warning(
+        "intent %r (key %s) expired and needs reconciliation: %s",
+        record.reference,
+        record.key,
+        step.reason,
+        extra={"intent": record.reference, "key": record.key, "outcome": "expired"},
+    )
+    return IntentExpired(step.reason, reference=record.reference, key=record.key)
 
 
-def run(call: Call) -> Generator[Effect, Any, httpx.Response]:
+def run(sender: Sender, new: NewIntent) -> Generator[Effect, Any, httpx.Response]:
     """Drive one intent to a final answer, or to the error that says where it stands."""
-    policy, provider, clock = call.policy, call.provider, call.clock
-    started = clock()
-    ends_at = started + policy.timeout if policy.timeout is not None else None
-    new = _new_intent(call)
+    policy, clock = sender.policy, sender.clock
+    ends_at = clock() + policy.timeout if policy.timeout is not None else None
 
     # The write-ahead: nothing is sent until this commit holds the intent and our lease.
     while True:
         opened = yield StoreCall(
             "open_intent",
-            {"new": new, "owner": call.owner, "now": clock(), "lease_for": call.lease_seconds},
+            {"new": new, "owner": sender.owner, "now": clock(), "lease_for": sender.lease_seconds},
         )
         record: IntentRecord = opened.record
         if opened.conflict is not None:
@@ -183,13 +183,34 @@ def run(call: Call) -> Generator[Effect, Any, httpx.Response]:
             )
         yield Sleep(max(wait, 0.01))
 
-    lease: Lease = opened.lease
+    return (
+        yield from send_claimed(
+            sender, record, opened.lease, opened.anchor_before, ends_at=ends_at, foreground=True
+        )
+    )
+
+
+def send_claimed(
+    sender: Sender,
+    record: IntentRecord,
+    lease: Lease,
+    anchor_before: float | None,
+    *,
+    ends_at: float | None,
+    foreground: bool,
+) -> Generator[Effect, Any, httpx.Response]:
+    """Send an intent whose lease we hold until it is final, deferred, or stopped.
+
+    In the foreground, retries sleep within the caller's budget. In the drain
+    (``foreground=False``) nothing sleeps: every retry becomes a due time.
+    """
+    provider, policy, clock = sender.provider, sender.policy, sender.clock
     claimed_anchor = record.first_delivery_at
-    delivered_maybe = opened.anchor_before is not None
+    delivered_maybe = anchor_before is not None
 
     stop = gate(
         clock(),
-        anchor=opened.anchor_before,
+        anchor=anchor_before,
         deadline_at=record.deadline_at,
         provider=provider,
         policy=policy,
@@ -212,13 +233,12 @@ def run(call: Call) -> Generator[Effect, Any, httpx.Response]:
 
     attempt = record.attempts
     attempts_left = policy.attempts
-    p = call.prepared
-    headers = wire_headers(record.headers, p.secret_headers, record.key, provider)
+    headers = wire_headers(record.headers, sender.secret_headers, record.key, provider)
     while True:
         attempt += 1
-        if lease.expires_at - clock() < call.lease_seconds / 2:
+        if lease.expires_at - clock() < sender.lease_seconds / 2:
             renewed = yield StoreCall(
-                "renew", {"lease": lease, "now": clock(), "until": clock() + call.lease_seconds}
+                "renew", {"lease": lease, "now": clock(), "until": clock() + sender.lease_seconds}
             )
             if renewed is None:
                 raise IntentPending(
@@ -227,8 +247,8 @@ def run(call: Call) -> Generator[Effect, Any, httpx.Response]:
                     key=record.key,
                 )
             lease = renewed
-        request = call.build_request(
-            record.method, record.url, content=record.body, headers=headers, timeout=call.timeout
+        request = sender.build_request(
+            record.method, record.url, content=record.body, headers=headers, timeout=sender.timeout
         )
         sent_at = clock()
         response: httpx.Response | None = None
@@ -286,12 +306,12 @@ def run(call: Call) -> Generator[Effect, Any, httpx.Response]:
             deadline_at=record.deadline_at,
             provider=provider,
             policy=policy,
-            budget=Budget(attempts_left=attempts_left, ends_at=ends_at),
+            budget=Budget(attempts_left=attempts_left, ends_at=ends_at) if foreground else None,
         )
         replayed = response is not None and is_replay(response.headers, provider)
         keeps_answer = step.kind in (StepKind.FINISH, StepKind.MISMATCH)
         retrying = step.kind is StepKind.RETRY
-        lease_until = now + step.wait + call.lease_seconds if retrying else None
+        lease_until = now + step.wait + sender.lease_seconds if retrying else None
         # A lost 2xx record, retry or deferral is repaired by a replay; anything
         # else a provider might not replay is committed durably.
         durable = not (retrying or step.kind is StepKind.DEFER or step.state is State.SUCCEEDED)
@@ -347,8 +367,8 @@ def run(call: Call) -> Generator[Effect, Any, httpx.Response]:
             )
         if step.kind is StepKind.DEFER:
             raise IntentPending(
-                f"gave up in the foreground after {attempt} attempt(s) (last: {outcome.value}); "
-                "the intent is pending for the drain",
+                f"not final after {attempt} attempt(s) (last: {outcome.value}); "
+                "the intent is pending until its due time",
                 reference=record.reference,
                 key=record.key,
                 due_at=step.due_at,

@@ -17,6 +17,7 @@ __all__ = [
     "State",
     "StoredResponse",
     "move",
+    "operator_move",
 ]
 
 
@@ -77,6 +78,34 @@ def move(current: State, to: State) -> State:
     return to
 
 
+def operator_move(record: IntentRecord, to: State, now: float) -> State:
+    """Check an operator's cancel or resolve against the rules; raise IllegalMove with why.
+
+    Cancel: only an intent that was never possibly delivered and that no live
+    sender holds. Resolve: only an expired intent, to succeeded or failed,
+    after a person checked with the provider.
+    """
+    if to is State.CANCELLED:
+        if record.state in TERMINAL:
+            raise IllegalMove(f"it is already {record.state.value}")
+        if record.delivered_maybe:
+            raise IllegalMove(
+                "it may have been delivered (a send may have reached the server), "
+                "so cancelling could hide a charge; let it finish, or wait for it to expire "
+                "and resolve it"
+            )
+        if record.lease_expires_at is not None and record.lease_expires_at > now:
+            raise IllegalMove(f"a sender ({record.lease_owner}) holds it right now")
+        return move(record.state, to)
+    if to in (State.SUCCEEDED, State.FAILED):
+        if record.state is not State.EXPIRED:
+            raise IllegalMove(
+                f"only an expired intent is resolved by hand; this one is {record.state.value}"
+            )
+        return move(record.state, to)
+    raise IllegalMove(f"an operator cannot move an intent to {to.value}")
+
+
 @dataclass(frozen=True, slots=True)
 class StoredResponse:
     """A final answer as the outbox keeps it."""
@@ -112,6 +141,12 @@ class IntentRecord:
     lease_expires_at: float | None
     response: StoredResponse | None
     note: str | None
+    purged_at: float | None = None  # a tombstone: the request and answer were purged
+
+    @property
+    def delivered_maybe(self) -> bool:
+        """Whether any send of this intent may have reached the server."""
+        return self.first_delivery_at is not None
 
 
 @dataclass(frozen=True, slots=True)

@@ -97,6 +97,16 @@ class Store(Protocol):
 
     def settle(self, lease: Lease, *, now: float, state: State, note: str) -> bool: ...
 
+    def claim_due(
+        self,
+        *,
+        owner: str,
+        now: float,
+        limit: int,
+        lease_for: float,
+        due_by: float | None = None,
+    ) -> list[Opened]: ...
+
     def get(self, reference: str) -> IntentRecord | None: ...
 
     def attempts(self, reference: str) -> list[AttemptRecord]: ...

@@ -31,8 +31,11 @@ def describe(spec: OutboxSpec) -> str | Store:
     return spec
 
 
-def open_store(spec: OutboxSpec, *, durability: Durability = "full") -> Store:
-    """Open the outbox a spec names: a Store, a path, ``sqlite:///path``, or None."""
+def open_store(spec: OutboxSpec, *, durability: Durability = "full", create: bool = True) -> Store:
+    """Open the outbox a spec names: a Store, a path, ``sqlite:///path``, or None.
+
+    With ``create=False`` a missing outbox is an OutboxError, not a new file.
+    """
     where = describe(spec)
     if not isinstance(where, str):
         return where
@@ -44,4 +47,4 @@ def open_store(spec: OutboxSpec, *, durability: Durability = "full") -> Store:
         where = where[len("sqlite:///") :]
     elif "://" in where:
         raise ConfigurationError(f"unknown outbox URL {where!r}: use a path or sqlite:///path")
-    return SQLiteStore(Path(where).expanduser(), durability=durability)
+    return SQLiteStore(Path(where).expanduser(), durability=durability, create=create)

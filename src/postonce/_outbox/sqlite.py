@@ -22,6 +22,7 @@ import json
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,7 +31,7 @@ from typing import Any, Literal
 import sqlite_utils
 
 from .._exceptions import IntentConflict, OutboxError
-from .._intent import TERMINAL, IntentRecord, Outcome, State, StoredResponse
+from .._intent import TERMINAL, IntentRecord, Outcome, State, StoredResponse, operator_move
 from .base import AttemptRecord, Lease, NewIntent, Opened
 
 __all__ = ["SCHEMA_VERSION", "STORED_BODY_LIMIT", "SQLiteStore"]
@@ -71,6 +72,7 @@ def _v1(db: sqlite_utils.Database) -> None:
             "response_truncated": int,
             "response_sha256": str,
             "note": str,
+            "purged_at": float,  # set when purge keeps only a tombstone
         },
         pk="id",
         not_null=[
@@ -92,6 +94,8 @@ def _v1(db: sqlite_utils.Database) -> None:
     db.table("intents").create_index(["reference"], index_name="intents_reference", unique=True)
     db.table("intents").create_index(["key"], index_name="intents_key", unique=True)
     db.table("intents").create_index(["state", "due_at"], index_name="intents_due")
+    db.table("intents").create_index(["state", "lease_expires_at"], index_name="intents_lease")
+    db.table("intents").create_index(["state", "updated_at"], index_name="intents_age")
     db.table("attempts").create(
         {
             "id": int,
@@ -120,7 +124,7 @@ _COLUMNS = (
     "id, reference, key, provider, method, url, headers, body, fingerprint, state, "
     "created_at, first_delivery_at, due_at, deadline_at, attempts, last_outcome, lease_owner, "
     "lease_expires_at, response_status, response_headers, response_body, "
-    "response_truncated, response_sha256, note"
+    "response_truncated, response_sha256, note, purged_at"
 )
 _CLAIMABLE = (State.PENDING.value, State.SENDING.value)
 # Headers that describe the stored bytes' transport, not the answer itself.
@@ -159,6 +163,7 @@ def _row(row: tuple[Any, ...]) -> IntentRecord:
         r_truncated,
         r_sha256,
         note,
+        purged_at,
     ) = row
     response = None
     if r_status is not None:
@@ -190,6 +195,7 @@ def _row(row: tuple[Any, ...]) -> IntentRecord:
         lease_expires_at=lease_expires_at,
         response=response,
         note=note,
+        purged_at=purged_at,
     )
 
 
@@ -226,6 +232,7 @@ class SQLiteStore:
         *,
         durability: Durability = "full",
         busy_timeout: float = 5.0,
+        create: bool = True,
     ) -> None:
         if durability not in ("full", "normal"):
             raise ValueError(f"durability must be 'full' or 'normal', not {durability!r}")
@@ -233,6 +240,8 @@ class SQLiteStore:
         self.durability: Durability = durability
         self._lock = threading.Lock()
         self._sync: str | None = None
+        if not create and not self.path.exists():
+            raise OutboxError(f"no outbox at {self.path}")
         try:
             _create_private(self.path)
             self._conn = sqlite3.connect(
@@ -242,9 +251,8 @@ class SQLiteStore:
             raise OutboxError(f"cannot open the outbox at {self.path}: {exc}") from exc
         try:
             self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
-            self._conn.execute("PRAGMA journal_mode = WAL").fetchone()
             self._conn.execute("PRAGMA foreign_keys = ON")
-            self._migrate()
+            self._prepare(busy_timeout)
         except sqlite3.Error as exc:
             self._conn.close()
             raise OutboxError(f"cannot use {self.path} as an outbox: {exc}") from exc
@@ -253,6 +261,25 @@ class SQLiteStore:
             raise
 
     # -- plumbing ---------------------------------------------------------
+
+    def _prepare(self, busy_timeout: float) -> None:
+        """Switch to WAL and migrate, waiting out other processes doing the same.
+
+        Turning on WAL can answer SQLITE_BUSY at once, without the busy handler,
+        while another connection opens the same new file; so wait and retry
+        within the busy timeout.
+        """
+        deadline = time.monotonic() + busy_timeout
+        while True:
+            try:
+                self._conn.execute("PRAGMA journal_mode = WAL").fetchone()
+                self._migrate()
+                return
+            except sqlite3.OperationalError as exc:
+                locked = "locked" in str(exc) or "busy" in str(exc)
+                if not locked or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.01)
 
     def _migrate(self) -> None:
         version = int(self._conn.execute("PRAGMA user_version").fetchone()[0])
@@ -375,7 +402,7 @@ class SQLiteStore:
 
     def _reopen(self, conn: sqlite3.Connection, new: NewIntent, lease: Lease, now: float) -> Opened:
         row = conn.execute(
-            f"SELECT {_COLUMNS} FROM intents WHERE reference = ?",  # noqa: S608 (constant columns)
+            f"SELECT {_COLUMNS} FROM intents WHERE reference = ?",
             (new.reference,),
         ).fetchone()
         record = _row(row)
@@ -475,7 +502,7 @@ class SQLiteStore:
                 response.sha256,
             ]
         with self._write(durable=durable) as conn:
-            sql = f"UPDATE intents SET {', '.join(sets)} WHERE id = ? AND claim_token = ?"  # noqa: S608 (constant column names)
+            sql = f"UPDATE intents SET {', '.join(sets)} WHERE id = ? AND claim_token = ?"
             row = conn.execute(
                 sql + " RETURNING attempts",
                 (*params, lease.intent_id, lease.token),
@@ -532,7 +559,7 @@ class SQLiteStore:
 
     def get(self, reference: str) -> IntentRecord | None:
         rows = self._read(
-            f"SELECT {_COLUMNS} FROM intents WHERE reference = ?",  # noqa: S608 (constant columns)
+            f"SELECT {_COLUMNS} FROM intents WHERE reference = ?",
             (reference,),
         )
         return _row(rows[0]) if rows else None
@@ -555,6 +582,181 @@ class SQLiteStore:
             )
             for r in rows
         ]
+
+    def claim_due(
+        self,
+        *,
+        owner: str,
+        now: float,
+        limit: int,
+        lease_for: float,
+        due_by: float | None = None,
+    ) -> list[Opened]:
+        """Atomically lease up to ``limit`` intents that are due and not leased.
+
+        Due means: pending with ``due_at <= due_by`` (default: now), or sending
+        under a lease that expired by then (its owner died). Oldest due first.
+        """
+        expires = now + lease_for
+        due_by = now if due_by is None else min(due_by, now)
+        claimed: list[Opened] = []
+        with self._write(durable=True) as conn:
+            rows = conn.execute(
+                f"SELECT {_COLUMNS} FROM intents WHERE id IN ("
+                " SELECT id FROM intents WHERE state = 'pending' AND due_at <= ?"
+                " UNION ALL"
+                " SELECT id FROM intents WHERE state = 'sending' AND lease_expires_at <= ?"
+                ") ORDER BY COALESCE(due_at, lease_expires_at), id LIMIT ?",
+                (due_by, due_by, limit),
+            ).fetchall()
+            for row in rows:
+                record = _row(row)
+                token = os.urandom(12).hex()
+                anchor = record.first_delivery_at if record.delivered_maybe else now
+                conn.execute(
+                    "UPDATE intents SET state = ?, lease_owner = ?, lease_expires_at = ?,"
+                    " claim_token = ?, first_delivery_at = ?, updated_at = ? WHERE id = ?",
+                    (State.SENDING.value, owner, expires, token, anchor, now, record.id),
+                )
+                claimed.append(
+                    Opened(
+                        dataclasses.replace(
+                            record,
+                            state=State.SENDING,
+                            first_delivery_at=anchor,
+                            lease_owner=owner,
+                            lease_expires_at=expires,
+                        ),
+                        Lease(record.id, token, owner, expires),
+                        created=False,
+                        conflict=None,
+                        anchor_before=record.first_delivery_at,
+                    )
+                )
+        return claimed
+
+    def list_intents(
+        self, *, state: State | None = None, limit: int | None = None
+    ) -> list[IntentRecord]:
+        """Intents, newest first, optionally of one state."""
+        where = "WHERE state = ?" if state is not None else ""
+        params: tuple[object, ...] = (state.value,) if state is not None else ()
+        rows = self._read(
+            f"SELECT {_COLUMNS} FROM intents {where} ORDER BY id DESC LIMIT ?",
+            (*params, -1 if limit is None else limit),
+        )
+        return [_row(r) for r in rows]
+
+    def stats(self, *, now: float) -> dict[str, Any]:
+        """Counts per state, the oldest pending intent, the next due time, expired ones."""
+        counts = {state.value: 0 for state in State}
+        for state, count in self._read(
+            "SELECT state, count(*) FROM intents WHERE purged_at IS NULL GROUP BY state", ()
+        ):
+            counts[str(state)] = int(count)
+        (oldest, next_due) = self._read(
+            "SELECT min(created_at), min(due_at) FROM intents WHERE state = 'pending'", ()
+        )[0]
+        (lease_due,) = self._read(
+            "SELECT min(lease_expires_at) FROM intents WHERE state = 'sending'", ()
+        )[0]
+        (tombstones,) = self._read("SELECT count(*) FROM intents WHERE purged_at IS NOT NULL", ())[
+            0
+        ]
+        due_now = self._read(
+            "SELECT (SELECT count(*) FROM intents WHERE state = 'pending' AND due_at <= ?)"
+            " + (SELECT count(*) FROM intents WHERE state = 'sending' AND lease_expires_at <= ?)",
+            (now, now),
+        )[0][0]
+        candidates = [t for t in (next_due, lease_due) if t is not None]
+        return {
+            "states": counts,
+            "due_now": int(due_now),
+            "oldest_pending_created_at": oldest,
+            "next_due_at": min(candidates) if candidates else None,
+            "expired_needing_attention": counts[State.EXPIRED.value],
+            "tombstones": int(tombstones),
+        }
+
+    def operator_move(self, reference: str, to: State, *, now: float, note: str) -> IntentRecord:
+        """An operator's cancel or resolve, checked by the life-cycle rules, atomically."""
+        with self._write(durable=True) as conn:
+            row = conn.execute(
+                f"SELECT {_COLUMNS} FROM intents WHERE reference = ?",
+                (reference,),
+            ).fetchone()
+            if row is None:
+                raise KeyError(reference)
+            record = _row(row)
+            operator_move(record, to, now)
+            conn.execute(
+                "UPDATE intents SET state = ?, note = ?, due_at = NULL, lease_owner = NULL,"
+                " lease_expires_at = NULL, claim_token = NULL, updated_at = ? WHERE id = ?",
+                (to.value, note, now, record.id),
+            )
+        return dataclasses.replace(
+            record, state=to, note=note, due_at=None, lease_owner=None, lease_expires_at=None
+        )
+
+    def purge(self, *, before: float, tombstones: bool, now: float) -> int:
+        """Forget terminal intents last changed before ``before``.
+
+        By default each keeps a tombstone (reference, key, fingerprint, state),
+        so the same reference is never executed again; ``tombstones=True``
+        deletes tombstones of that age instead.
+        """
+        terminal = tuple(s.value for s in TERMINAL)
+        marks = ", ".join("?" for _ in terminal)
+        with self._write(durable=True) as conn:
+            if tombstones:
+                ids = "SELECT id FROM intents WHERE purged_at IS NOT NULL AND purged_at < ?"
+                conn.execute(f"DELETE FROM attempts WHERE intent_id IN ({ids})", (before,))
+                cur = conn.execute(f"DELETE FROM intents WHERE id IN ({ids})", (before,))
+                return cur.rowcount
+            ids = (
+                f"SELECT id FROM intents WHERE state IN ({marks})"
+                " AND updated_at < ? AND purged_at IS NULL"
+            )
+            conn.execute(f"DELETE FROM attempts WHERE intent_id IN ({ids})", (*terminal, before))
+            cur = conn.execute(
+                "UPDATE intents SET body = x'', headers = '[]', response_headers = NULL,"
+                " response_body = NULL, purged_at = ?"
+                f" WHERE id IN ({ids})",
+                (now, *terminal, before),
+            )
+            return cur.rowcount
+
+    def export_rows(self) -> Iterator[dict[str, Any]]:
+        """Every intent with its attempts, as plain data (bodies as text where they are UTF-8)."""
+        for record in self.list_intents():
+            yield {
+                "reference": record.reference,
+                "key": record.key,
+                "provider": record.provider,
+                "state": record.state.value,
+                "method": record.method,
+                "url": record.url,
+                "headers": [list(h) for h in record.headers],
+                "body": record.body.decode("utf-8", "replace"),
+                "created_at": record.created_at,
+                "first_delivery_at": record.first_delivery_at,
+                "due_at": record.due_at,
+                "deadline_at": record.deadline_at,
+                "attempts": [
+                    {
+                        "started_at": a.started_at,
+                        "duration": a.duration,
+                        "outcome": a.outcome.value,
+                        "status": a.status,
+                        "error_type": a.error_type,
+                        "replayed": a.replayed,
+                    }
+                    for a in self.attempts(record.reference)
+                ],
+                "response_status": record.response.status if record.response else None,
+                "note": record.note,
+                "purged_at": record.purged_at,
+            }
 
     def close(self) -> None:
         with self._lock:

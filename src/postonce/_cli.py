@@ -1,0 +1,399 @@
+"""The ``postonce`` command: run the drain, and inspect or tend an outbox."""
+
+from __future__ import annotations
+
+import csv
+import importlib
+import io
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Iterable
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import click
+from tabulate import tabulate
+
+from ._client import Client
+from ._drain import DrainReport
+from ._exceptions import PostonceError
+from ._intent import IllegalMove, IntentRecord, State
+from ._outbox.locate import ENV_VAR, open_store
+from ._outbox.sqlite import SQLiteStore
+from ._version import __version__
+
+__all__ = ["main", "parse_duration"]
+
+_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*")
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, None: 1}
+
+
+def parse_duration(text: str) -> timedelta:
+    """``500ms``, ``5s``, ``10m``, ``12h``, ``30d``, ``2w``, or plain seconds."""
+    match = _DURATION.fullmatch(text)
+    if match is None:
+        raise ValueError(f"{text!r} is not a duration such as 30s, 10m, 12h or 30d")
+    return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+
+
+def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> timedelta | None:
+    if value is None:
+        return None
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from exc
+
+
+def _iso(t: float | None) -> str | None:
+    return None if t is None else datetime.fromtimestamp(t, timezone.utc).isoformat()
+
+
+def _summary(record: IntentRecord) -> dict[str, Any]:
+    return {
+        "reference": record.reference,
+        "key": record.key,
+        "state": record.state.value,
+        "provider": record.provider,
+        "method": record.method,
+        "url": record.url,
+        "attempts": record.attempts,
+        "last_outcome": record.last_outcome.value if record.last_outcome else None,
+        "status": record.response.status if record.response else None,
+        "created_at": _iso(record.created_at),
+        "due_at": _iso(record.due_at),
+        "note": record.note,
+    }
+
+
+def _output(rows: list[dict[str, Any]], fmt: str | None) -> None:
+    """JSON by default, a table on a terminal; --nl, --csv and -t on request."""
+    if fmt is None:
+        fmt = "table" if sys.stdout.isatty() else "json"
+    if fmt == "json":
+        click.echo(json.dumps(rows, indent=2))
+    elif fmt == "nl":
+        for row in rows:
+            click.echo(json.dumps(row))
+    elif fmt == "csv":
+        buffer = io.StringIO()
+        if rows:
+            writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        click.echo(buffer.getvalue(), nl=False)
+    else:
+        click.echo(tabulate(rows, headers="keys") if rows else "(none)")
+
+
+def _formats(command: Callable[..., Any]) -> Callable[..., Any]:
+    for flag, value, text in reversed(
+        [
+            ("--json", "json", "JSON array (the default when not on a terminal)"),
+            ("--nl", "nl", "newline-delimited JSON"),
+            ("--csv", "csv", "CSV with a header row"),
+            ("-t", "table", "a table (the default on a terminal)"),
+        ]
+    ):
+        decls = [flag, "--table"] if flag == "-t" else [flag]
+        command = click.option(*decls, "fmt", flag_value=value, help=text)(command)
+    return command
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="postonce")
+def main() -> None:
+    """postonce: finish durable intents and inspect the outbox.
+
+    Example: postonce drain --app myapp.payments:client
+    """
+
+
+# -- drain ---------------------------------------------------------------------------
+
+
+def _load_client(spec: str) -> Client:
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise click.ClickException(f"--app takes MODULE:ATTRIBUTE, not {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise click.ClickException(f"cannot import {module_name!r}: {exc}") from exc
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            raise click.ClickException(f"{module_name!r} has no attribute {attr!r}")
+        target = getattr(target, part)
+    if callable(target) and not isinstance(target, Client):
+        target = target()
+    if not isinstance(target, Client):
+        raise click.ClickException(
+            f"{spec} is a {type(target).__name__}, not a postonce.Client "
+            "(or a function returning one)"
+        )
+    return target
+
+
+@main.command()
+@click.option(
+    "--app",
+    "app",
+    required=True,
+    metavar="MODULE:ATTR",
+    help="A configured postonce.Client (or a function returning one).",
+)
+@click.option(
+    "--outbox",
+    "outbox",
+    default=None,
+    metavar="PATH",
+    help="Drain this outbox instead of the client's own.",
+)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Intents sent at once.",
+)
+@click.option("--forever", is_flag=True, help="Keep draining until SIGTERM or SIGINT.")
+@click.option(
+    "--interval",
+    callback=_duration,
+    metavar="DURATION",
+    default="5s",
+    show_default=True,
+    help="With --forever: how often to look for due intents.",
+)
+def drain(
+    app: str, outbox: str | None, concurrency: int, forever: bool, interval: timedelta
+) -> None:
+    """Send every due intent once with its stored key, then exit (0: all well, 1: not).
+
+    Due intents are pending ones whose time has come and ones whose sender
+    died. Prints a DrainReport as JSON. The client named by --app supplies the
+    credentials: the outbox holds none.
+
+    Example: postonce drain --app myapp.payments:client --concurrency 8
+    """
+    client = _load_client(app)
+    if outbox is not None:
+        client.use_outbox(outbox)
+    progress: Callable[[DrainReport], None] | None = None
+    if sys.stderr.isatty():
+
+        def progress(report: DrainReport) -> None:
+            click.echo(
+                f"\rclaimed {report.claimed}  succeeded {report.succeeded}  "
+                f"failed {report.failed}  expired {report.expired}  pending {report.pending}",
+                nl=False,
+                err=True,
+            )
+
+    try:
+        report = client.drain(
+            forever=forever,
+            interval=interval.total_seconds(),
+            concurrency=concurrency,
+            progress=progress,
+        )
+    except PostonceError as exc:
+        raise click.ClickException(str(exc)) from exc
+    finally:
+        client.close()
+    if progress is not None:
+        click.echo(err=True)
+    click.echo(report.model_dump_json(indent=2))
+    sys.exit(0 if report.ok else 1)
+
+
+# -- outbox ----------------------------------------------------------------------------
+
+
+@main.group()
+@click.option(
+    "--outbox",
+    "outbox",
+    envvar=ENV_VAR,
+    default=None,
+    metavar="PATH",
+    help=f"The outbox to inspect (default: ${ENV_VAR}, else the user data dir).",
+)
+@click.pass_context
+def outbox(ctx: click.Context, outbox: str | None) -> None:
+    """Inspect and tend an outbox. These commands never create one.
+
+    Example: postonce outbox --outbox ./outbox.sqlite3 stats
+    """
+    ctx.obj = outbox
+
+
+def _store(ctx: click.Context) -> SQLiteStore:
+    try:
+        store = open_store(ctx.obj, create=False)
+    except PostonceError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if not isinstance(store, SQLiteStore):
+        raise click.ClickException("this command needs a SQLite outbox")
+    ctx.call_on_close(store.close)
+    return store
+
+
+def _get(store: SQLiteStore, reference: str) -> IntentRecord:
+    record = store.get(reference)
+    if record is None:
+        raise click.ClickException(f"no intent {reference!r} in {store.path}")
+    return record
+
+
+@outbox.command("list")
+@click.option(
+    "--state",
+    type=click.Choice([s.value for s in State]),
+    default=None,
+    help="Only intents in this state.",
+)
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="At most this many.")
+@_formats
+@click.pass_context
+def list_(ctx: click.Context, state: str | None, limit: int | None, fmt: str | None) -> None:
+    """List intents, newest first.
+
+    Example: postonce outbox list --state pending -t
+    """
+    store = _store(ctx)
+    records = store.list_intents(state=State(state) if state else None, limit=limit)
+    _output([_summary(r) for r in records], fmt)
+
+
+@outbox.command()
+@click.argument("reference")
+@click.pass_context
+def show(ctx: click.Context, reference: str) -> None:
+    """Show one intent, its key and every attempt, as JSON.
+
+    Example: postonce outbox show order-1234/charge
+    """
+    store = _store(ctx)
+    record = _get(store, reference)
+    detail = _summary(record) | {
+        "headers": [list(h) for h in record.headers],
+        "body": record.body.decode("utf-8", "replace"),
+        "first_delivery_at": _iso(record.first_delivery_at),
+        "deadline_at": _iso(record.deadline_at),
+        "lease_owner": record.lease_owner,
+        "lease_expires_at": _iso(record.lease_expires_at),
+        "purged_at": _iso(record.purged_at),
+        "attempts": [
+            {
+                "started_at": _iso(a.started_at),
+                "duration": round(a.duration, 6),
+                "outcome": a.outcome.value,
+                "status": a.status,
+                "error_type": a.error_type,
+                "replayed": a.replayed,
+            }
+            for a in store.attempts(reference)
+        ],
+    }
+    click.echo(json.dumps(detail, indent=2))
+
+
+@outbox.command()
+@_formats
+@click.pass_context
+def stats(ctx: click.Context, fmt: str | None) -> None:
+    """Counts per state, oldest pending, next due, and expired intents needing attention.
+
+    Example: postonce outbox stats --json
+    """
+    data = _store(ctx).stats(now=time.time())
+    row = {**data.pop("states"), **data}
+    for name in ("oldest_pending_created_at", "next_due_at"):
+        row[name] = _iso(row[name])
+    _output([row], fmt)
+
+
+def _operator(ctx: click.Context, reference: str, to: State, note: str) -> None:
+    store = _store(ctx)
+    _get(store, reference)
+    try:
+        record = store.operator_move(reference, to, now=time.time(), note=note)
+    except IllegalMove as exc:
+        raise click.ClickException(f"cannot make {reference!r} {to.value}: {exc}") from exc
+    click.echo(json.dumps(_summary(record)))
+
+
+@outbox.command()
+@click.argument("reference")
+@click.option("--note", default="cancelled by an operator", show_default=True)
+@click.pass_context
+def cancel(ctx: click.Context, reference: str, note: str) -> None:
+    """Cancel an intent that was never delivered; refused if it may have been.
+
+    Example: postonce outbox cancel order-1234/charge --note "customer left"
+    """
+    _operator(ctx, reference, State.CANCELLED, note)
+
+
+@outbox.command()
+@click.argument("reference")
+@click.option("--succeeded", "outcome", flag_value="succeeded", help="The provider executed it.")
+@click.option("--failed", "outcome", flag_value="failed", help="The provider did not.")
+@click.option("--note", required=True, help="What you checked, for the record.")
+@click.pass_context
+def resolve(ctx: click.Context, reference: str, outcome: str | None, note: str) -> None:
+    """Record the outcome of an expired intent after checking with the provider.
+
+    Example: postonce outbox resolve order-1234/charge --succeeded --note "ch_123 in dashboard"
+    """
+    if outcome is None:
+        raise click.UsageError("say --succeeded or --failed")
+    _operator(ctx, reference, State(outcome), note)
+
+
+@outbox.command()
+@click.option(
+    "--older-than",
+    "older_than",
+    callback=_duration,
+    metavar="DURATION",
+    required=True,
+    help="Age since the intent last changed, e.g. 30d.",
+)
+@click.option(
+    "--tombstones",
+    is_flag=True,
+    help="Delete tombstones of that age instead (the reference may then run again).",
+)
+@click.pass_context
+def purge(ctx: click.Context, older_than: timedelta, tombstones: bool) -> None:
+    """Forget finished intents, keeping a tombstone that refuses a second execution.
+
+    Only terminal intents (succeeded, failed, expired, cancelled) are purged.
+
+    Example: postonce outbox purge --older-than 30d
+    """
+    now = time.time()
+    count = _store(ctx).purge(
+        before=now - older_than.total_seconds(), tombstones=tombstones, now=now
+    )
+    click.echo(json.dumps({"purged": count, "tombstones": tombstones}))
+
+
+@outbox.command()
+@click.option("--jsonl", is_flag=True, default=True, help="One JSON object per line (default).")
+@click.pass_context
+def export(ctx: click.Context, jsonl: bool) -> None:
+    """Export every intent with its attempts as JSON lines.
+
+    Example: postonce outbox export --jsonl > outbox.jsonl
+    """
+    rows: Iterable[dict[str, Any]] = _store(ctx).export_rows()
+    for row in rows:
+        click.echo(json.dumps(row))

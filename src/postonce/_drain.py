@@ -1,0 +1,169 @@
+"""The drain: finish every due intent with its stored key, under leases.
+
+A drain pass claims a batch of due intents (pending and due, or sending under
+a lease whose owner died), sends each once, and records what happened: a
+final answer, or the next due time. Nothing sleeps on a retry: a retryable
+outcome becomes a due time for a later pass. The horizon rules here as in the
+foreground: an intent whose horizon passed with delivery ambiguous is moved
+to ``expired`` and logged, never sent.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from types import FrameType
+
+from pydantic import BaseModel, ConfigDict
+
+from ._exceptions import (
+    IdempotencyKeyMismatch,
+    IntentCancelled,
+    IntentExpired,
+    IntentPending,
+)
+from ._intent import State
+from ._outbox.base import Opened
+
+__all__ = ["DrainReport", "Tally", "run_drain"]
+
+logger = logging.getLogger("postonce")
+
+
+class DrainReport(BaseModel):
+    """What one ``drain()`` did. ``ok`` is False when anything failed, expired or broke."""
+
+    model_config = ConfigDict(frozen=True)
+
+    claimed: int = 0  # intents leased by this drain
+    sent: int = 0  # HTTP sends made
+    succeeded: int = 0
+    failed: int = 0  # final non-2xx answers and key mismatches
+    expired: int = 0  # horizon or deadline passed with delivery ambiguous: reconcile
+    cancelled: int = 0  # deadline passed, never delivered
+    pending: int = 0  # left pending with a later due time
+    replayed: int = 0  # answers the server marked as replays
+    errors: int = 0  # claims that ended in an unexpected error (logged)
+    duration: float = 0.0  # seconds
+
+    @property
+    def ok(self) -> bool:
+        return self.failed == 0 and self.expired == 0 and self.errors == 0
+
+
+@dataclass
+class Tally:
+    """A thread-safe running count, frozen into a DrainReport at the end."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, name: str, n: int = 1) -> None:
+        with self.lock:
+            self.counts[name] = self.counts.get(name, 0) + n
+
+    def report(self, duration: float) -> DrainReport:
+        with self.lock:
+            return DrainReport(duration=duration, **self.counts)
+
+
+def count_outcome(tally: Tally, run: Callable[[], object]) -> None:
+    """Run one claimed intent's flow and count how it ended."""
+    try:
+        response = run()
+    except IntentPending:
+        tally.add("pending")
+    except IntentExpired:
+        tally.add("expired")
+    except IntentCancelled:
+        tally.add("cancelled")
+    except IdempotencyKeyMismatch:
+        tally.add("failed")
+    except Exception:
+        logger.exception("drain: an intent ended in an unexpected error")
+        tally.add("errors")
+    else:
+        info = getattr(response, "extensions", {}).get("postonce")
+        tally.add("succeeded" if info is not None and info.state is State.SUCCEEDED else "failed")
+        if info is not None and info.replayed:
+            tally.add("replayed")
+
+
+@contextmanager
+def stop_on_signals(stop: threading.Event) -> Iterator[None]:
+    """SIGTERM and SIGINT ask the drain to stop after the attempts in flight.
+
+    Only the main thread may install handlers; elsewhere this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        logger.info(
+            "drain: %s received, stopping after the attempts in flight", signal.Signals(signum).name
+        )
+        stop.set()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def run_drain(
+    *,
+    claim: Callable[[float, int], list[Opened]],
+    process: Callable[[Opened], None],
+    release: Callable[[Opened], None],
+    clock: Callable[[], float],
+    tally: Tally,
+    forever: bool,
+    interval: float,
+    concurrency: int,
+    stop: threading.Event,
+    progress: Callable[[DrainReport], None] | None = None,
+) -> DrainReport:
+    """Claim and process batches of due intents until none is due (or until stopped).
+
+    ``claim(due_by, limit)`` leases due intents; ``process`` sends one claimed
+    intent and counts its outcome; ``release`` hands back a claim that will not
+    be sent (because the drain is stopping). Without ``forever``, only intents
+    due when the drain started are taken, so each is sent at most once.
+    """
+    started = clock()
+    began = time.monotonic()
+    batch = max(1, min(concurrency * 4, 256))
+
+    def one(opened: Opened) -> None:
+        if stop.is_set():
+            release(opened)
+            tally.add("pending")
+            return
+        process(opened)
+
+    with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="postonce-drain") as pool:
+        while not stop.is_set():
+            claimed = claim(clock() if forever else started, batch)
+            if not claimed:
+                if not forever:
+                    break
+                stop.wait(interval)
+                continue
+            tally.add("claimed", len(claimed))
+            if concurrency == 1:
+                for opened in claimed:
+                    one(opened)
+            else:
+                list(pool.map(one, claimed))
+            if progress is not None:
+                progress(tally.report(time.monotonic() - began))
+    return tally.report(time.monotonic() - began)
