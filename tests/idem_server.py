@@ -79,6 +79,8 @@ class State:
     seen: dict[str, int] = field(default_factory=dict)
     active: dict[str, int] = field(default_factory=dict)
     max_active: dict[str, int] = field(default_factory=dict)
+    open_requests: dict[str, int] = field(default_factory=dict)
+    max_concurrent: dict[str, int] = field(default_factory=dict)
 
 
 async def _read_body(receive: Receive) -> bytes:
@@ -116,7 +118,12 @@ class IdempotentApp:
         path: str = scope["path"]
         if path == "/_ledger":
             s = self.state
-            out = {"effects": s.effects, "requests": s.requests, "max_active": s.max_active}
+            out = {
+                "effects": s.effects,
+                "requests": s.requests,
+                "max_active": s.max_active,
+                "max_concurrent": s.max_concurrent,
+            }
             await _answer(send, 200, json.dumps(out).encode())
             return
         if path == "/_reset":
@@ -143,10 +150,35 @@ class IdempotentApp:
             assert profile.key_body_field is not None
             key = parsed.pop(profile.key_body_field, None) if isinstance(parsed, dict) else None
         s = self.state
-        s.requests.append({"key": key, "method": scope["method"], "path": scope["path"]})
+        s.requests.append(
+            {
+                "key": key,
+                "method": scope["method"],
+                "path": scope["path"],
+                "worker": headers.get("x-worker"),
+            }
+        )
         if not key:
             await _answer(send, 400, b'{"error":"missing idempotency key"}')
             return
+        # Every request with this key that is open at once, replays and 409s included.
+        s.open_requests[key] = s.open_requests.get(key, 0) + 1
+        s.max_concurrent[key] = max(s.max_concurrent.get(key, 0), s.open_requests[key])
+        try:
+            await self._keyed(s, key, scope, parsed, directives, profile, send)
+        finally:
+            s.open_requests[key] -= 1
+
+    async def _keyed(
+        self,
+        s: State,
+        key: str,
+        scope: Scope,
+        parsed: Any,
+        directives: dict[str, Any],
+        profile: Profile,
+        send: SendFn,
+    ) -> None:
         n = s.seen.get(key, 0)
         s.seen[key] = n + 1
         before = directives.get("before", [])

@@ -25,7 +25,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def start_worker(
-    outbox: Path, server: LoopbackServer, prefix: str, count: int, delay: float, lease: float
+    outbox: Path,
+    server: LoopbackServer,
+    prefix: str,
+    count: int,
+    delay: float,
+    lease: float,
+    *flags: str,
 ) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [
@@ -38,9 +44,10 @@ def start_worker(
             str(count),
             str(delay),
             str(lease),
+            *flags,
         ],
         cwd=ROOT,
-        stdout=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
 
@@ -119,3 +126,61 @@ def test_random_sigkills_lose_nothing_and_charge_once(
     for ref, key in keys.items():
         mine = [e for e in ledger["effects"] if e["key"] == key]
         assert len(mine) == 1, (ref, mine)
+
+
+def test_kill_9_twenty_times_then_drain_three_hundred_intents(
+    server: LoopbackServer, tmp_path: Path
+) -> None:
+    """300 intents, a sender SIGKILLed at 20+ seeded random moments, then a drain: one each."""
+    rng = random.Random(9)
+    outbox = tmp_path / "kill9.sqlite3"
+    count, kills, mid_request, orphans = 300, 0, 0, 0
+    while True:
+        worker = start_worker(outbox, server, "k9", count, 0.03, 0.5, "skip-known")
+        assert worker.stdout is not None
+        assert worker.stdout.readline().strip() == b"ready", worker.communicate()
+        if kills >= 20:
+            _, err = worker.communicate(timeout=120)
+            assert worker.returncode == 0, err
+            break
+        time.sleep(rng.uniform(0.0, 0.6))
+        if worker.poll() is not None:
+            assert worker.returncode == 0, worker.communicate()
+            break
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(timeout=10)
+        kills += 1
+        conn = sqlite3.connect(outbox)
+        (sending,) = conn.execute("SELECT count(*) FROM intents WHERE state = 'sending'").fetchone()
+        conn.close()
+        mid_request += int(sending > orphans)  # this kill left a send unfinished
+        orphans = sending
+    assert kills >= 20
+    assert mid_request >= 5, f"only {mid_request} of {kills} kills landed mid-request"
+
+    with postonce.Client(server.base_url, outbox=outbox, retry=FAST, lease_seconds=0.5) as c:
+        deadline = time.monotonic() + 60
+        while True:
+            report = c.drain()
+            stats = c.outbox.stats(now=time.time())["states"]
+            if stats["pending"] == 0 and stats["sending"] == 0:
+                break
+            assert time.monotonic() < deadline, stats
+            time.sleep(0.2)  # dead senders' leases run out
+        records = [c.lookup(f"k9-{i}") for i in range(count)]
+    assert report.failed == report.expired == report.errors == 0
+    ledger = server.ledger()
+    effects: dict[str, int] = {}
+    for effect in ledger["effects"]:
+        effects[effect["key"]] = effects.get(effect["key"], 0) + 1
+    lost = [r for r in records if r is None or r.state is not State.SUCCEEDED]
+    twice = [r.key for r in records if r is not None and effects.get(r.key, 0) > 1]
+    never = [r.key for r in records if r is not None and effects.get(r.key, 0) == 0]
+    print(
+        f"kill -9: {kills} kills ({mid_request} mid-request), {count} intents, "
+        f"{len(twice)} duplicated, {len(lost) + len(never)} lost"
+    )
+    assert lost == []
+    assert twice == []
+    assert never == []
+    assert all(ledger["max_concurrent"].get(r.key, 0) <= 1 for r in records if r is not None)

@@ -13,8 +13,9 @@ engine does. Its one job is to make each of these moves atomic and durable:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from .._intent import IntentRecord, Outcome, State, StoredResponse
 
@@ -110,5 +111,19 @@ class Store(Protocol):
     def get(self, reference: str) -> IntentRecord | None: ...
 
     def attempts(self, reference: str) -> list[AttemptRecord]: ...
+
+    def list_intents(
+        self, *, state: State | None = None, limit: int | None = None
+    ) -> list[IntentRecord]: ...
+
+    def stats(self, *, now: float) -> dict[str, Any]: ...
+
+    def operator_move(
+        self, reference: str, to: State, *, now: float, note: str
+    ) -> IntentRecord: ...
+
+    def purge(self, *, before: float, tombstones: bool, now: float) -> int: ...
+
+    def export_rows(self) -> Iterator[dict[str, Any]]: ...
 
     def close(self) -> None: ...

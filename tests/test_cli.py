@@ -1,0 +1,381 @@
+"""The postonce command: drain, inspect, tend; bad input gives one line and a non-zero exit."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+from click.testing import CliRunner
+
+import postonce
+from postonce import SQLiteStore, State
+from postonce._cli import main, parse_duration
+from postonce._outbox.base import NewIntent
+from tests.conftest import FAST, LoopbackServer
+
+ROOT = Path(__file__).resolve().parent.parent
+ONE = FAST.model_copy(update={"attempts": 1})
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args), env=env, catch_exceptions=False)
+    return result.exit_code, result.output
+
+
+def seeded_outbox(path: Path) -> None:
+    """An outbox with one succeeded, one pending (maybe delivered) and one never-sent intent."""
+    answers = iter([httpx.Response(201, json={"id": "ok"}), httpx.Response(503)])
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/never":
+            raise httpx.ConnectError("refused", request=request)
+        return next(answers)
+
+    with postonce.Client(
+        "http://api.test", outbox=path, retry=ONE, transport=httpx.MockTransport(handler)
+    ) as client:
+        client.post_once("/ok", json={"a": 1}, intent="done")
+        for path_, ref in (("/p", "maybe"), ("/never", "never")):
+            with pytest.raises(postonce.IntentPending):
+                client.post_once(path_, json={"a": 1}, intent=ref)
+
+
+def test_every_command_has_help_with_an_example() -> None:
+    """Each command answers --help, and its help shows an example."""
+    commands = [(), ("drain",), ("outbox",)] + [
+        ("outbox", name)
+        for name in ("list", "show", "stats", "cancel", "resolve", "purge", "export")
+    ]
+    for words in commands:
+        code, out = cli(*words, "--help")
+        assert code == 0, words
+        assert "Example:" in out, words
+
+
+def test_version() -> None:
+    """--version prints the package version."""
+    code, out = cli("--version")
+    assert code == 0
+    assert postonce.__version__ in out
+
+
+def test_list_and_filter_by_state(outbox_path: Path) -> None:
+    """list prints JSON by default off a terminal, and filters by state."""
+    seeded_outbox(outbox_path)
+    code, out = cli("outbox", "--outbox", str(outbox_path), "list")
+    assert code == 0
+    assert {row["reference"] for row in json.loads(out)} == {"done", "maybe", "never"}
+    code, out = cli("outbox", "--outbox", str(outbox_path), "list", "--state", "succeeded")
+    assert [row["reference"] for row in json.loads(out)] == ["done"]
+
+
+@pytest.mark.parametrize("flag", ["--nl", "--csv", "-t"])
+def test_list_formats(outbox_path: Path, flag: str) -> None:
+    """--nl, --csv and -t print the same intents in their own shapes."""
+    seeded_outbox(outbox_path)
+    code, out = cli("outbox", "--outbox", str(outbox_path), "list", flag)
+    assert code == 0
+    assert all(ref in out for ref in ("done", "maybe", "never"))
+    if flag == "--nl":
+        assert len([json.loads(line) for line in out.splitlines()]) == 3
+    if flag == "--csv":
+        assert out.splitlines()[0].startswith("reference,key,state")
+
+
+def test_outbox_env_var_chooses_the_outbox(outbox_path: Path) -> None:
+    """POSTONCE_OUTBOX names the outbox for the inspect commands."""
+    seeded_outbox(outbox_path)
+    code, out = cli("outbox", "stats", "--json", env={"POSTONCE_OUTBOX": str(outbox_path)})
+    assert code == 0
+    (row,) = json.loads(out)
+    assert (row["succeeded"], row["pending"]) == (1, 2)
+    assert row["expired_needing_attention"] == 0
+
+
+def test_show_prints_the_key_and_every_attempt(outbox_path: Path) -> None:
+    """show gives the intent, its key and its attempts."""
+    seeded_outbox(outbox_path)
+    code, out = cli("outbox", "--outbox", str(outbox_path), "show", "maybe")
+    assert code == 0
+    detail = json.loads(out)
+    assert detail["key"] == SQLiteStore(outbox_path).get("maybe").key  # type: ignore[union-attr]
+    assert [a["status"] for a in detail["attempts"]] == [503]
+
+
+def test_cancel_resolve_purge_export(outbox_path: Path) -> None:
+    """cancel a never-sent intent, refuse to cancel a maybe-delivered one, purge, export."""
+    seeded_outbox(outbox_path)
+    base = ("outbox", "--outbox", str(outbox_path))
+    code, out = cli(*base, "cancel", "never", "--note", "customer left")
+    assert code == 0
+    assert json.loads(out)["state"] == "cancelled"
+    code, out = cli(*base, "cancel", "maybe")
+    assert code == 1
+    assert "may have been delivered" in out
+    code, out = cli(*base, "resolve", "maybe", "--succeeded", "--note", "x")
+    assert code == 1
+    assert "only an expired intent" in out
+    code, out = cli(*base, "purge", "--older-than", "0s")
+    assert code == 0
+    assert json.loads(out)["purged"] == 2
+    code, out = cli(*base, "export", "--jsonl")
+    assert code == 0
+    rows = {json.loads(line)["reference"]: json.loads(line) for line in out.splitlines()}
+    assert set(rows) == {"done", "maybe", "never"}
+    assert rows["done"]["purged_at"] is not None
+    assert rows["maybe"]["attempts"][0]["status"] == 503
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        pytest.param(("drain", "--app", "no_such_module_x:client"), "cannot import", id="module"),
+        pytest.param(
+            ("drain", "--app", "tests.drain_app:not_a_client"),
+            "not a postonce.Client",
+            id="not-client",
+        ),
+        pytest.param(("drain", "--app", "tests.drain_app"), "MODULE:ATTRIBUTE", id="no-colon"),
+        pytest.param(("drain", "--app", "tests.drain_app:nothing"), "no attribute", id="attr"),
+        pytest.param(("outbox", "--outbox", "{missing}", "stats"), "no outbox at", id="missing"),
+        pytest.param(
+            ("outbox", "--outbox", "{outbox}", "show", "nope"),
+            "no intent 'nope'",
+            id="unknown-show",
+        ),
+        pytest.param(
+            ("outbox", "--outbox", "{outbox}", "cancel", "nope"),
+            "no intent 'nope'",
+            id="unknown-cancel",
+        ),
+        pytest.param(
+            ("outbox", "--outbox", "{outbox}", "resolve", "nope", "--failed", "--note", "x"),
+            "no intent 'nope'",
+            id="unknown-resolve",
+        ),
+        pytest.param(
+            ("outbox", "--outbox", "{outbox}", "purge", "--older-than", "soon"),
+            "not a duration",
+            id="older-than",
+        ),
+        pytest.param(
+            ("outbox", "--outbox", "{outbox}", "cancel", "maybe"),
+            "may have been delivered",
+            id="cancel-delivered",
+        ),
+    ],
+)
+def test_bad_input_is_one_line_and_non_zero(
+    outbox_path: Path, tmp_path: Path, args: tuple[str, ...], message: str
+) -> None:
+    """Each bad input prints a one-line error with no traceback and exits non-zero."""
+    seeded_outbox(outbox_path)
+    missing = tmp_path / "absent" / "outbox.sqlite3"
+    argv = [a.format(outbox=outbox_path, missing=missing) for a in args]
+    result = subprocess.run(
+        [sys.executable, "-m", "postonce", *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    (error,) = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert message in error
+    assert not missing.exists()
+    assert not missing.parent.exists()
+
+
+def test_parse_duration_table() -> None:
+    """Durations read as people write them."""
+    assert parse_duration("500ms").total_seconds() == 0.5
+    assert parse_duration("5s").total_seconds() == 5
+    assert parse_duration("10m").total_seconds() == 600
+    assert parse_duration("30d").days == 30
+    assert parse_duration("2w").days == 14
+    assert parse_duration("7").total_seconds() == 7
+    for bad in ("", "d", "5x", "-5s", "1e3s"):
+        with pytest.raises(ValueError, match="not a duration"):
+            parse_duration(bad)
+
+
+# -- the drain as a process ------------------------------------------------------------
+
+
+def drain_env(
+    server: LoopbackServer, outbox: Path, worker: str, lease: float = 10
+) -> dict[str, str]:
+    return {
+        **os.environ,
+        "POSTONCE_TEST_BASE_URL": server.base_url,
+        "POSTONCE_TEST_OUTBOX": str(outbox),
+        "POSTONCE_TEST_WORKER": worker,
+        "POSTONCE_TEST_LEASE": str(lease),
+    }
+
+
+def due_intents(
+    server: LoopbackServer, outbox: Path, count: int, prefix: str, body: Callable[[int], bytes]
+) -> list[str]:
+    """Write ``count`` intents straight into the outbox, due at once (as after a crash)."""
+    store = SQLiteStore(outbox, durability="normal")
+    keys = []
+    for i in range(count):
+        key = f"{prefix}-{i:05d}-{'k' * 8}"
+        store.open_intent(
+            NewIntent(
+                reference=f"{prefix}-{i}",
+                key=key,
+                key_given=True,
+                provider="ietf_draft",
+                method="POST",
+                url=f"{server.base_url}/ietf/v1/charges",
+                headers=(("content-type", "application/json"),),
+                body=body(i),
+                fingerprint=f"{i:064d}",
+                deadline_at=None,
+            ),
+            owner="crashed-host/1",
+            now=time.time() - 60,
+            lease_for=1,
+        )
+        keys.append(key)
+    store.close()
+    return keys
+
+
+def test_drain_command_finishes_due_intents(server: LoopbackServer, outbox_path: Path) -> None:
+    """postonce drain --app sends due intents, prints the report and exits 0."""
+    keys = due_intents(server, outbox_path, 5, "cmd", lambda i: b'{"amount":1}')
+    result = subprocess.run(
+        [sys.executable, "-m", "postonce", "drain", "--app", "tests.drain_app:make_client"],
+        cwd=ROOT,
+        env=drain_env(server, outbox_path, "cmd"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert (report["claimed"], report["succeeded"]) == (5, 5)
+    for key in keys:
+        assert len(server.effects_for(key)) == 1
+
+
+def test_drain_exits_1_when_something_failed(server: LoopbackServer, outbox_path: Path) -> None:
+    """A final 402 in the drain makes the exit code 1."""
+    due_intents(server, outbox_path, 1, "fail", lambda i: b'{"amount":1,"_test":{"status":402}}')
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "postonce",
+            "drain",
+            "--app",
+            "tests.drain_app:client",
+            "--outbox",
+            str(outbox_path),
+        ],
+        cwd=ROOT,
+        env=drain_env(server, outbox_path / "unused", "fail"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 1, result.stderr
+    assert json.loads(result.stdout)["failed"] == 1
+
+
+def test_sigterm_stops_drain_forever_cleanly(server: LoopbackServer, outbox_path: Path) -> None:
+    """SIGTERM mid-send: the attempt finishes and is recorded, no lease is held, exit 0."""
+    due_intents(server, outbox_path, 3, "term", lambda i: b'{"amount":1,"_test":{"delay":1.0}}')
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "postonce",
+            "drain",
+            "--app",
+            "tests.drain_app:client",
+            "--forever",
+            "--interval",
+            "100ms",
+        ],
+        cwd=ROOT,
+        env=drain_env(server, outbox_path, "term"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 30
+    while not any(r["worker"] == "term" for r in server.ledger()["requests"]):
+        assert time.monotonic() < deadline, "the drain never sent"
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    report = json.loads(out)
+    assert report["succeeded"] == 1
+    assert report["pending"] == 2
+    store = SQLiteStore(outbox_path)
+    records = store.list_intents()
+    store.close()
+    assert sorted(r.state.value for r in records) == ["pending", "pending", "succeeded"]
+    assert all(r.lease_owner is None for r in records)
+    assert len(server.ledger()["effects"]) >= 1
+
+
+def test_four_drain_processes_share_one_outbox(server: LoopbackServer, tmp_path: Path) -> None:
+    """4 drain processes, 1,000 due intents: all succeed, each key sent once, never at once."""
+    outbox = tmp_path / "shared.sqlite3"
+    keys = due_intents(server, outbox, 1000, "many", lambda i: b'{"amount":%d}' % i)
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "postonce",
+                "drain",
+                "--app",
+                "tests.drain_app:client",
+                "--concurrency",
+                "4",
+            ],
+            cwd=ROOT,
+            env=drain_env(server, outbox, f"w{n}"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for n in range(4)
+    ]
+    reports = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        reports.append(json.loads(out))
+    assert sum(r["succeeded"] for r in reports) == 1000
+    assert sum(1 for r in reports if r["claimed"] > 0) >= 2  # the work really was shared
+    ledger = server.ledger()
+    mine = set(keys)
+    requests = [r for r in ledger["requests"] if r["key"] in mine]
+    assert len(requests) == 1000
+    assert {r["key"] for r in requests} == mine
+    assert all(ledger["max_concurrent"][k] == 1 for k in keys)
+    assert len([e for e in ledger["effects"] if e["key"] in mine]) == 1000
+    store = SQLiteStore(outbox)
+    assert store.stats(now=time.time())["states"][State.SUCCEEDED.value] == 1000
+    store.close()

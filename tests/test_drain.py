@@ -1,0 +1,289 @@
+"""The drain: due claims, leases, due times, the horizon, tombstones, operator moves."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+
+import postonce
+from postonce import SQLiteStore, State
+from postonce._intent import IllegalMove
+from postonce._outbox.base import NewIntent
+from tests.conftest import FAST, ClientFactory, LoopbackServer
+
+ONE = FAST.model_copy(update={"attempts": 1})
+
+
+def pending_via_503(client: postonce.Client, intent: str, retry_after: str = "0") -> str:
+    """Leave an intent pending: its only foreground attempt meets a 503."""
+    with pytest.raises(postonce.IntentPending) as exc:
+        client.post_once(
+            "/ietf/v1/charges",
+            json={"amount": 1, "_test": {"before": [{"status": 503, "retry_after": retry_after}]}},
+            intent=intent,
+            retry=ONE,
+        )
+    return exc.value.key
+
+
+def test_drain_finishes_pending_intents_with_their_keys(
+    server: LoopbackServer, make_client: ClientFactory
+) -> None:
+    """Intents the foreground gave up on are sent by the drain with their own keys, once."""
+    client = make_client(server.base_url)
+    keys = [pending_via_503(client, f"d-{i}") for i in range(5)]
+    report = client.drain()
+    assert (report.claimed, report.succeeded, report.sent) == (5, 5, 5)
+    assert report.ok
+    for i, key in enumerate(keys):
+        assert len(server.effects_for(key)) == 1
+        record = client.lookup(f"d-{i}")
+        assert record is not None
+        assert record.state is State.SUCCEEDED
+    assert client.drain().claimed == 0
+
+
+def test_drain_takes_over_a_dead_senders_lease(
+    server: LoopbackServer, make_client: ClientFactory, outbox_path: Path
+) -> None:
+    """An intent whose sender died mid-send is due once its lease expires; same key."""
+    client = make_client(server.base_url)
+    client.post_once("/ietf/v1/charges", json={"amount": 1}, intent="warmup")
+    store = SQLiteStore(outbox_path)
+    prepared_key = "dead-sender-key-1"
+    new = NewIntent(
+        reference="dead",
+        key=prepared_key,
+        key_given=True,
+        provider="ietf_draft",
+        method="POST",
+        url=f"{server.base_url}/ietf/v1/charges",
+        headers=(("content-type", "application/json"),),
+        body=b'{"amount":2}',
+        fingerprint="0" * 64,
+        deadline_at=None,
+    )
+    opened = store.open_intent(new, owner="dead-host/1", now=time.time(), lease_for=0.3)
+    store.close()
+    assert opened.lease is not None
+    assert client.drain().claimed == 0  # the lease is still live
+    time.sleep(0.35)
+    report = client.drain()
+    assert (report.claimed, report.succeeded) == (1, 1)
+    assert len(server.effects_for(prepared_key)) == 1
+
+
+def test_retry_minutes_away_is_a_due_time_not_a_sleep(
+    server: LoopbackServer, make_client: ClientFactory
+) -> None:
+    """A 503 with Retry-After: 50 in the drain stores the due time and returns at once."""
+    client = make_client(server.base_url)
+    body = {
+        "amount": 3,
+        "_test": {
+            "before": [{"status": 503, "retry_after": "0"}, {"status": 503, "retry_after": "50"}]
+        },
+    }
+    with pytest.raises(postonce.IntentPending):
+        client.post_once("/ietf/v1/charges", json=body, intent="later", retry=ONE)
+    before = time.time()
+    report = client.drain()
+    assert (report.claimed, report.sent, report.pending) == (1, 1, 1)
+    record = client.lookup("later")
+    assert record is not None
+    assert record.state is State.PENDING
+    assert record.due_at is not None
+    assert record.due_at >= before + 49
+    assert client.drain().claimed == 0
+
+
+def test_drain_expires_past_the_horizon_and_warns(
+    make_client: ClientFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Past the horizon with delivery ambiguous, the drain expires the intent, sends nothing."""
+    short = postonce.Provider(name="short", retention=timedelta(seconds=0.3))
+    sent: list[httpx.Request] = []
+
+    def timeout(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        raise httpx.ReadTimeout("lost", request=request)
+
+    client = make_client(provider=short, transport=httpx.MockTransport(timeout))
+    with pytest.raises(postonce.IntentPending):
+        client.post_once("/c", json={}, intent="h-1", retry=ONE)
+    time.sleep(0.35)
+    with caplog.at_level(logging.WARNING, logger="postonce"):
+        report = client.drain()
+    assert (report.claimed, report.expired, report.sent) == (1, 1, 0)
+    assert not report.ok
+    assert len(sent) == 1
+    assert any("h-1" in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records)
+    assert client.outbox.stats(now=time.time())["expired_needing_attention"] == 1
+
+
+def test_foreground_and_drain_never_send_one_intent_at_once(
+    server: LoopbackServer, make_client: ClientFactory
+) -> None:
+    """While post_once holds the lease, drains running alongside do not send the intent."""
+    client = make_client(server.base_url)
+    drainer = make_client(server.base_url)
+    done = threading.Event()
+    reports: list[postonce.DrainReport] = []
+
+    def drain_loop() -> None:
+        while not done.is_set():
+            reports.append(drainer.drain())
+
+    thread = threading.Thread(target=drain_loop)
+    thread.start()
+    try:
+        response = client.post_once(
+            "/ietf/v1/charges", json={"amount": 4, "_test": {"delay": 0.8}}, intent="fg"
+        )
+    finally:
+        done.set()
+        thread.join()
+    key = response.extensions["postonce"].key
+    assert len(server.requests_for(key)) == 1
+    assert server.ledger()["max_concurrent"][key] == 1
+    assert sum(r.claimed for r in reports) == 0
+    assert len(reports) > 1
+
+
+def test_purge_keeps_a_tombstone_that_refuses_a_second_execution(
+    make_client: ClientFactory,
+) -> None:
+    """A purged intent cannot run again under its reference until its tombstone goes too."""
+    sent: list[httpx.Request] = []
+
+    def ok(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(201, json={"id": "x"})
+
+    client = make_client(transport=httpx.MockTransport(ok))
+    client.post_once("/c", json={"a": 1}, intent="old")
+    store = client.outbox
+    assert isinstance(store, SQLiteStore)
+    assert store.purge(before=time.time() + 1, tombstones=False, now=time.time()) == 1
+    with pytest.raises(postonce.IntentPurged) as exc:
+        client.post_once("/c", json={"a": 1}, intent="old")
+    assert exc.value.reference == "old"
+    with pytest.raises(postonce.IntentConflict):
+        client.post_once("/c", json={"a": 2}, intent="old")
+    assert len(sent) == 1
+    record = store.get("old")
+    assert record is not None
+    assert record.body == b""
+    assert record.response is not None  # the outcome stays in the tombstone, the answer goes
+    assert (record.response.status, record.response.body) == (201, b"")
+    assert store.attempts("old") == []
+    assert store.stats(now=time.time())["tombstones"] == 1
+    assert store.purge(before=time.time() + 1, tombstones=True, now=time.time()) == 1
+    assert store.get("old") is None
+
+
+def test_purge_leaves_unfinished_and_recent_intents(make_client: ClientFactory) -> None:
+    """Only terminal intents older than the cut-off are purged."""
+    client = make_client(transport=httpx.MockTransport(lambda r: httpx.Response(503)))
+    with pytest.raises(postonce.IntentPending):
+        client.post_once("/c", json={}, intent="open", retry=ONE)
+    store = client.outbox
+    assert isinstance(store, SQLiteStore)
+    assert store.purge(before=time.time() + 1, tombstones=False, now=time.time()) == 0
+    assert store.purge(before=time.time() - 3600, tombstones=False, now=time.time()) == 0
+
+
+def connect_error(request: httpx.Request) -> httpx.Response:
+    raise httpx.ConnectError("refused", request=request)
+
+
+def test_operator_cancel_only_when_never_delivered(make_client: ClientFactory) -> None:
+    """Cancel works on a never-delivered intent; on a maybe-delivered one it says why not."""
+    client = make_client(transport=httpx.MockTransport(connect_error))
+    with pytest.raises(postonce.IntentPending):
+        client.post_once("/c", json={}, intent="never", retry=ONE)
+    store = client.outbox
+    assert isinstance(store, SQLiteStore)
+    cancelled = store.operator_move("never", State.CANCELLED, now=time.time(), note="n")
+    assert cancelled.state is State.CANCELLED
+    with pytest.raises(postonce.IntentCancelled):
+        client.post_once("/c", json={}, intent="never")
+
+    maybe = make_client(transport=httpx.MockTransport(lambda r: httpx.Response(503)))
+    with pytest.raises(postonce.IntentPending):
+        maybe.post_once("/c", json={}, intent="maybe", retry=ONE)
+    with pytest.raises(IllegalMove, match="may have been delivered"):
+        store.operator_move("maybe", State.CANCELLED, now=time.time(), note="n")
+
+
+def test_operator_resolve_only_from_expired(make_client: ClientFactory) -> None:
+    """An expired intent is resolved by hand; a pending one is not."""
+    short = postonce.Provider(name="short", retention=timedelta(seconds=0.2))
+    client = make_client(
+        provider=short,
+        transport=httpx.MockTransport(lambda r: httpx.Response(503)),
+        retry=FAST.model_copy(update={"attempts": 1000}),
+    )
+    with pytest.raises(postonce.IntentExpired):
+        client.post_once("/c", json={}, intent="exp")
+    store = client.outbox
+    assert isinstance(store, SQLiteStore)
+    with pytest.raises(IllegalMove):
+        store.operator_move("exp", State.CANCELLED, now=time.time(), note="n")
+    resolved = store.operator_move("exp", State.SUCCEEDED, now=time.time(), note="ch_1 found")
+    assert resolved.state is State.SUCCEEDED
+    with pytest.raises(IllegalMove, match="only an expired intent"):
+        store.operator_move("exp", State.FAILED, now=time.time(), note="again")
+
+
+def test_drain_stop_event_releases_unsent_claims(
+    server: LoopbackServer, make_client: ClientFactory, outbox_path: Path
+) -> None:
+    """A stop requested before a claimed intent is sent releases it, still pending."""
+    client = make_client(server.base_url)
+    for i in range(3):
+        pending_via_503(client, f"stop-{i}")
+    stop = threading.Event()
+    stop_after_first: list[postonce.DrainReport] = []
+
+    def progress(report: postonce.DrainReport) -> None:
+        stop_after_first.append(report)
+
+    stop.set()
+    report = client.drain(stop=stop, progress=progress)
+    assert report.claimed == 0
+    # Now stop from inside the first send: the other claims of the batch are released.
+    stop.clear()
+    original = client._http.send
+
+    def send_then_stop(request: httpx.Request, **kwargs: object) -> httpx.Response:
+        stop.set()
+        return original(request)
+
+    client._http.send = send_then_stop  # type: ignore[method-assign]
+    report = client.drain(stop=stop)
+    assert (report.claimed, report.succeeded, report.pending) == (3, 1, 2)
+    store = SQLiteStore(outbox_path)
+    leased = [r for r in store.list_intents() if r.lease_owner is not None]
+    store.close()
+    assert leased == []
+
+
+def test_drain_concurrency_sends_every_intent_once(
+    server: LoopbackServer, make_client: ClientFactory
+) -> None:
+    """With concurrency 8, 40 due intents are each sent exactly once."""
+    client = make_client(server.base_url, durability="normal")
+    keys = [pending_via_503(client, f"conc-{i}") for i in range(40)]
+    report = client.drain(concurrency=8)
+    assert (report.claimed, report.succeeded, report.sent) == (40, 40, 40)
+    ledger = server.ledger()
+    for key in keys:
+        assert [r["key"] for r in ledger["requests"]].count(key) == 2  # the 503, then the send
+        assert len([e for e in ledger["effects"] if e["key"] == key]) == 1
