@@ -89,6 +89,23 @@ def _encode_body(
     return b"", None
 
 
+def merge_url(
+    http: httpx.Client | httpx.AsyncClient, url: httpx.URL | str, params: Any
+) -> httpx.URL:
+    """The URL httpx would send to: ``base_url`` joined as httpx joins it, params merged.
+
+    Without params this follows httpx's joining rule without building a request.
+    """
+    if params or http.params:
+        # httpx's own query merging has version-dependent details: ask httpx.
+        return http.build_request("POST", url, params=params).url
+    merged = httpx.URL(url)
+    if merged.is_relative_url:
+        base = http.base_url
+        merged = base.copy_with(raw_path=base.raw_path + merged.raw_path.lstrip(b"/"))
+    return merged
+
+
 def _adopt(found: str | None, key: str | None, where: str, reference: str | None) -> str | None:
     """A key the caller put in the request itself counts as ``key=``; two keys must agree."""
     if found is None:
@@ -133,8 +150,8 @@ def prepare(
     key = check_key(key if key is not None else mint_key(), provider, reference=intent)
     reference = intent if intent is not None else key
 
-    merged = http.build_request(method, url, params=params)
-    target = merged.url.raw_path.decode("ascii")
+    merged = merge_url(http, url, params)
+    target = merged.raw_path.decode("ascii")
     if body_key:
         if json is UNSET or not isinstance(json, dict):
             raise InvalidRequest(
@@ -176,7 +193,7 @@ def prepare(
         key=key,
         key_given=key_given,
         method=method,
-        url=str(merged.url),
+        url=str(merged),
         headers=tuple(stored),
         secret_headers=tuple(secret),
         body=body,

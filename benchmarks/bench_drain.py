@@ -1,0 +1,161 @@
+"""Drain throughput: due intents finished per second, against raw httpx sending the same.
+
+Run from the repository root::
+
+    .venv/bin/python benchmarks/bench_drain.py --intents 3000 --concurrency 1,4,8
+
+For each concurrency, each repeat fills a fresh SQLite outbox with ``--intents``
+due intents (as a crashed sender leaves them: leased by a dead owner, lease
+expired; the filling is not timed), then times, in an order shuffled by a
+seeded RNG:
+
+* ``drain``: ``postonce.Client.drain(concurrency=C)`` finishing all of them;
+* ``raw``: ``httpx.Client.post`` of the same number of requests with an
+  ``Idempotency-Key`` each, from a pool of C threads sharing one client.
+
+Both talk to the loopback server of ``bench_sync.py`` (a raw asyncio HTTP/1.1
+server in its own process, pinned to the second CPU). Prints medians of the
+repeats in intents per second and the drain/raw ratio. Asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+import postonce
+from postonce._outbox.base import NewIntent
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_sync import available_cpus, filesystem_of, start_server
+
+BODY = json.dumps({"amount": 1250, "currency": "eur", "customer": "cus_1"}).encode()
+
+
+def fill(path: Path, url: str, count: int) -> None:
+    """Write ``count`` due intents, leased by a dead owner whose lease has run out."""
+    store = postonce.SQLiteStore(path, durability="normal")
+    long_ago = time.time() - 3600
+    for i in range(count):
+        store.open_intent(
+            NewIntent(
+                reference=f"bench-{i}",
+                key=str(uuid.uuid4()),
+                key_given=False,
+                provider="ietf_draft",
+                method="POST",
+                url=url,
+                headers=(("content-type", "application/json"),),
+                body=BODY,
+                fingerprint=f"{i:064d}",
+                deadline_at=None,
+            ),
+            owner="dead/0",
+            now=long_ago,
+            lease_for=1.0,
+        )
+    store.close()
+
+
+def time_drain(path: Path, url: str, concurrency: int, count: int) -> float:
+    with postonce.Client(outbox=path, durability="full") as client:
+        started = time.perf_counter()
+        report = client.drain(concurrency=concurrency)
+        elapsed = time.perf_counter() - started
+    if report.succeeded != count:
+        raise RuntimeError(f"drain finished {report.succeeded} of {count}: {report}")
+    return count / elapsed
+
+
+def time_raw(url: str, concurrency: int, count: int) -> float:
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    with httpx.Client(limits=limits) as http:
+
+        def one(_: int) -> None:
+            response = http.post(
+                url,
+                content=BODY,
+                headers={"content-type": "application/json", "Idempotency-Key": str(uuid.uuid4())},
+            )
+            response.raise_for_status()
+
+        started = time.perf_counter()
+        if concurrency == 1:
+            for i in range(count):
+                one(i)
+        else:
+            with ThreadPoolExecutor(concurrency) as pool:
+                list(pool.map(one, range(count)))
+        return count / (time.perf_counter() - started)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--intents", type=int, default=3000)
+    parser.add_argument("--concurrency", default="1,4,8", help="comma-separated, e.g. 1,4,8")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--dir", type=Path, default=Path(__file__).resolve().parent)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    levels = [int(c) for c in args.concurrency.split(",")]
+    rng = random.Random(args.seed)
+    cpus = available_cpus()
+    if len(cpus) >= 2:
+        import os
+
+        os.sched_setaffinity(0, {cpus[0]})
+    server = start_server(cpus[1] if len(cpus) >= 2 else None)
+    workdir = Path(tempfile.mkdtemp(prefix=".tmp-drain-", dir=args.dir))
+    try:
+        print(f"command: {' '.join(sys.argv)}")
+        print(f"python {sys.version.split()[0]}, cpus {cpus}, outbox fs {filesystem_of(workdir)}")
+        print(f"{args.intents} intents per run, {args.repeats} repeats, server {server.url}")
+        results: dict[int, dict[str, list[float]]] = {}
+        for concurrency in levels:
+            runs: dict[str, list[float]] = {"drain": [], "raw": []}
+            for repeat in range(args.repeats):
+                order = ["drain", "raw"]
+                rng.shuffle(order)
+                for name in order:
+                    if name == "drain":
+                        path = workdir / f"c{concurrency}-r{repeat}.sqlite3"
+                        fill(path, server.url, args.intents)
+                        runs[name].append(time_drain(path, server.url, concurrency, args.intents))
+                    else:
+                        runs[name].append(time_raw(server.url, concurrency, args.intents))
+            results[concurrency] = runs
+            drain, raw = statistics.median(runs["drain"]), statistics.median(runs["raw"])
+            print(
+                f"concurrency {concurrency:>2}: drain {drain:8.0f} intents/s   "
+                f"raw httpx {raw:8.0f} requests/s   ratio {drain / raw:.2f}"
+            )
+        summary = "  ".join(
+            f"c={c}: {statistics.median(r['drain']):.0f}/s "
+            f"(x{statistics.median(r['drain']) / statistics.median(r['raw']):.2f} raw)"
+            for c, r in results.items()
+        )
+        print(f"SUMMARY drain sqlite: {summary}")
+    finally:
+        server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
