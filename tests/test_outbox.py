@@ -187,7 +187,7 @@ def test_expired_lease_is_taken_over_and_the_old_owner_is_fenced(outbox_path: Pa
         durable=True,
     )
     assert stale is False
-    assert a.release(first.lease, now=1012.0, due_at=None) is False
+    assert a.release(first.lease, now=1012.0, due_at=None, anchor=None) is False
     assert a.settle(first.lease, now=1012.0, state=State.EXPIRED, note="x") is False
     assert a.renew(first.lease, now=1012.0, until=2000.0) is None
     record = b.get("r-1")

@@ -4,7 +4,8 @@ One idempotency key per intent, written ahead to a durable outbox, carried by
 every retry, and never re-sent after the provider may have forgotten it.
 """
 
-from ._client import Client, OnceOptions
+from ._base import OnceOptions
+from ._client import Client
 from ._drain import DrainReport
 from ._exceptions import (
     ConfigurationError,

@@ -2,76 +2,30 @@
 
 from __future__ import annotations
 
-import logging
-import os
-import secrets
-import socket
 import threading
 import time
 from collections.abc import Callable, Collection, Generator, Sequence
-from datetime import datetime, timedelta
-from typing import Any, TypedDict
+from typing import Any
 
 import httpx
 from typing_extensions import Unpack
 
+from ._base import BaseClient, DeadlineInput, OnceOptions, named
 from ._drain import DrainReport, Tally, count_outcome, run_drain, stop_on_signals
 from ._exceptions import ConfigurationError, OutboxError, PostonceError
-from ._flow import Send, Sender, Sleep, StoreCall, run, send_claimed
+from ._flow import Abandoned, Effect, Send, Sleep, StoreCall, run
 from ._intent import IntentRecord
-from ._outbox.base import NewIntent, Opened, Store
-from ._outbox.locate import OutboxSpec, open_store
+from ._outbox.base import Opened, Store
+from ._outbox.locate import OutboxSpec
 from ._outbox.sqlite import Durability
 from ._policy import RetryPolicy
-from ._wire import DEFAULT_SECRET_HEADERS, UNSET, HeaderInput, prepare
-from .providers import Provider, get_provider
+from ._wire import UNSET, HeaderInput
+from .providers import Provider
 
 __all__ = ["Client"]
 
-logger = logging.getLogger("postonce")
 
-DeadlineInput = datetime | timedelta | None
-
-
-class OnceOptions(TypedDict, total=False):
-    """The keyword arguments of ``request_once``, for its shortcuts."""
-
-    intent: str | None
-    key: str | None
-    json: Any
-    content: Any
-    data: Any
-    params: Any
-    headers: HeaderInput
-    timeout: Any
-    provider: str | Provider | None
-    retry: RetryPolicy | None
-    deadline: DeadlineInput
-    fingerprint_fields: Sequence[str] | None
-
-
-def _deadline(deadline: DeadlineInput, now: float, reference: str | None) -> float | None:
-    if deadline is None:
-        return None
-    if isinstance(deadline, timedelta):
-        return now + deadline.total_seconds()
-    if isinstance(deadline, datetime) and deadline.tzinfo is not None:
-        return deadline.timestamp()
-    raise ConfigurationError(
-        "deadline= takes a timedelta or a timezone-aware datetime", reference=reference
-    )
-
-
-def _named(exc: PostonceError, reference: str, key: str) -> PostonceError:
-    """The same error, naming the intent it happened to."""
-    if exc.reference is not None:
-        return exc
-    named = type(exc)(exc.message, reference=reference, key=key)
-    named.__cause__ = exc.__cause__ or exc
-    return named
-
-
-class Client:
+class Client(BaseClient):
     """An httpx client whose ``post_once`` makes a non-idempotent call happen once.
 
     ``provider`` is a built-in profile name or a :class:`postonce.Provider`.
@@ -100,52 +54,23 @@ class Client:
         http: httpx.Client | None = None,
         **httpx_options: Any,
     ) -> None:
-        self.provider = get_provider(provider)
-        self.retry = retry if retry is not None else RetryPolicy()
-        if lease_seconds <= 0:
-            raise ConfigurationError("lease_seconds must be positive")
-        self.lease_seconds = float(lease_seconds)
-        self._secret_names = frozenset(
-            {*DEFAULT_SECRET_HEADERS, *(name.lower() for name in secret_headers)}
+        super().__init__(
+            provider=provider,
+            outbox=outbox,
+            retry=retry,
+            durability=durability,
+            secret_headers=secret_headers,
+            lease_seconds=lease_seconds,
         )
+        self._check_http(http, base_url, headers, httpx_options)
         if http is not None:
-            if httpx_options or headers is not None or base_url:
-                raise ConfigurationError(
-                    "pass base_url, headers and httpx options to your httpx.Client, "
-                    "not beside http="
-                )
-            self._http, self._owns_http = http, False
+            self._http: httpx.Client = http
+            self._owns_http = False
         else:
             self._http = httpx.Client(base_url=base_url, headers=headers, **httpx_options)
             self._owns_http = True
-        self._outbox_spec = outbox
-        self._durability: Durability = durability
-        self._store: Store | None = (
-            None if outbox is None or isinstance(outbox, str | os.PathLike) else outbox
-        )
-        self._owns_store = self._store is None
-        self._open_lock = threading.Lock()
-        self.owner = f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(4)}"
-        self._clock: Callable[[], float] = time.time
 
     # -- the outbox ----------------------------------------------------------
-
-    @property
-    def outbox(self) -> Store:
-        """The outbox store, opened on first use."""
-        if self._store is None:
-            with self._open_lock:
-                if self._store is None:
-                    self._store = open_store(self._outbox_spec, durability=self._durability)
-        return self._store
-
-    def use_outbox(self, outbox: OutboxSpec) -> None:
-        """Point this client at another outbox; only before the outbox is first used."""
-        if self._store is not None:
-            raise ConfigurationError("the outbox is already open; choose it before first use")
-        self._outbox_spec = outbox
-        if outbox is not None and not isinstance(outbox, str | os.PathLike):
-            self._store, self._owns_store = outbox, False
 
     def lookup(self, intent: str) -> IntentRecord | None:
         """The stored intent with this reference, or None."""
@@ -185,15 +110,9 @@ class Client:
         :class:`IdempotencyKeyMismatch`, :class:`IntentConflict`, or
         :class:`InvalidRequest` / :class:`OutboxError` before anything is sent.
         """
-        try:
-            profile = get_provider(provider) if provider is not None else self.provider
-        except PostonceError as exc:
-            raise type(exc)(exc.message, reference=intent) from None
-        prepared = prepare(
-            self._http,
+        prepared, sender, new = self._plan(
             method,
             url,
-            provider=profile,
             intent=intent,
             key=key,
             json=json,
@@ -201,56 +120,53 @@ class Client:
             data=data,
             params=params,
             headers=headers,
-            secret_names=self._secret_names,
+            timeout=timeout,
+            provider=provider,
+            retry=retry,
+            deadline=deadline,
             fingerprint_fields=fingerprint_fields,
         )
         try:
             store = self.outbox
         except PostonceError as exc:
-            raise _named(exc, prepared.reference, prepared.key) from exc
-        sender = Sender(
-            provider=profile,
-            policy=retry if retry is not None else self.retry,
-            owner=self.owner,
-            lease_seconds=self.lease_seconds,
-            clock=self._clock,
-            build_request=self._http.build_request,
-            timeout=timeout,
-            secret_headers=prepared.secret_headers,
+            raise named(exc, prepared.reference, prepared.key) from exc
+        response: httpx.Response = self._drive(
+            run(sender, new), store, prepared.reference, prepared.key
         )
-        new = NewIntent(
-            reference=prepared.reference,
-            key=prepared.key,
-            key_given=prepared.key_given,
-            provider=profile.name,
-            method=prepared.method,
-            url=prepared.url,
-            headers=prepared.headers,
-            body=prepared.body,
-            fingerprint=prepared.fingerprint,
-            deadline_at=_deadline(deadline, self._clock(), prepared.reference),
-        )
-        return self._drive(run(sender, new), store, prepared.reference, prepared.key)
+        return response
 
     def _drive(
         self,
-        flow: Generator[Any, Any, httpx.Response],
+        flow: Generator[Effect, Any, Any],
         store: Store,
         reference: str,
         key: str,
         on_send: Callable[[], None] | None = None,
-    ) -> httpx.Response:
-        """Perform a flow's effects with blocking calls until it returns or raises."""
+    ) -> Any:
+        """Perform a flow's effects with blocking calls until it returns or raises.
+
+        On Ctrl-C the flow is told it is abandoned and its clean-up (store
+        calls only) is performed before the interrupt goes on.
+        """
         value: Any = None
-        error: Exception | None = None
+        error: BaseException | None = None
+        interrupted: BaseException | None = None
         while True:
             try:
                 effect = flow.throw(error) if error is not None else flow.send(value)
             except StopIteration as stop:
-                return stop.value  # type: ignore[no-any-return]
+                if interrupted is not None:
+                    raise interrupted from None
+                return stop.value
+            except Abandoned:
+                assert interrupted is not None
+                raise interrupted from None
             except OutboxError as exc:
-                raise _named(exc, reference, key) from exc
+                raise named(exc, reference, key) from exc
             value, error = None, None
+            if interrupted is not None and not isinstance(effect, StoreCall):
+                error = Abandoned()
+                continue
             try:
                 if isinstance(effect, Send):
                     if on_send is not None:
@@ -259,10 +175,11 @@ class Client:
                 elif isinstance(effect, Sleep):
                     time.sleep(effect.seconds)
                 else:
-                    assert isinstance(effect, StoreCall)
                     value = getattr(store, effect.method)(**effect.kwargs)
             except Exception as exc:
                 error = exc
+            except KeyboardInterrupt as exc:
+                interrupted, error = exc, Abandoned()
 
     def post_once(self, url: httpx.URL | str, **kwargs: Unpack[OnceOptions]) -> httpx.Response:
         """``request_once("POST", url, ...)``: the usual case."""
@@ -305,59 +222,33 @@ class Client:
         The headers and auth of this client are what the drain sends with:
         the outbox holds no credentials.
         """
-        if concurrency < 1:
-            raise ConfigurationError("concurrency must be at least 1")
+        if concurrency < 1 or interval <= 0:
+            raise ConfigurationError("drain needs concurrency >= 1 and interval > 0")
         store = self.outbox
         tally = Tally()
         stop = stop if stop is not None else threading.Event()
 
         def claim(due_by: float, limit: int) -> list[Opened]:
-            return store.claim_due(
-                owner=self.owner,
-                now=self._clock(),
-                limit=limit,
-                lease_for=self.lease_seconds,
-                due_by=due_by,
-            )
+            call = self._claim_call(due_by, limit)
+            claimed: list[Opened] = getattr(store, call.method)(**call.kwargs)
+            return claimed
 
         def process(opened: Opened) -> None:
             record = opened.record
-            assert opened.lease is not None
             try:
-                provider = self._provider_for(record.provider)
-            except PostonceError:
-                logger.error(
-                    "drain: intent %r names provider %r, which this client does not know; "
-                    "configure the client with that profile",
+                outcome: object = self._drive(
+                    self._drain_flow(opened),
+                    store,
                     record.reference,
-                    record.provider,
+                    record.key,
+                    lambda: tally.add("sent"),
                 )
-                store.release(opened.lease, now=self._clock(), due_at=self._clock() + interval)
-                tally.add("errors")
-                return
-            sender = Sender(
-                provider=provider,
-                policy=self.retry,
-                owner=self.owner,
-                lease_seconds=self.lease_seconds,
-                clock=self._clock,
-                build_request=self._http.build_request,
-                timeout=httpx.USE_CLIENT_DEFAULT,
-            )
-            flow = send_claimed(
-                sender, record, opened.lease, opened.anchor_before, ends_at=None, foreground=False
-            )
-            count_outcome(
-                tally,
-                lambda: self._drive(
-                    flow, store, record.reference, record.key, lambda: tally.add("sent")
-                ),
-            )
+            except Exception as exc:
+                outcome = exc
+            count_outcome(tally, outcome)
 
         def release(opened: Opened) -> None:
-            assert opened.lease is not None
-            due = opened.record.due_at
-            store.release(opened.lease, now=self._clock(), due_at=due or self._clock())
+            self._drive(self._release_flow(opened), store, opened.record.reference, "")
 
         with stop_on_signals(stop):
             return run_drain(
@@ -372,10 +263,6 @@ class Client:
                 stop=stop,
                 progress=progress,
             )
-
-    def _provider_for(self, name: str) -> Provider:
-        """The profile a stored intent was made under: this client's, or a built-in."""
-        return self.provider if name == self.provider.name else get_provider(name)
 
     # -- life cycle ----------------------------------------------------------
 

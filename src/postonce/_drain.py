@@ -73,23 +73,21 @@ class Tally:
             return DrainReport(duration=duration, **self.counts)
 
 
-def count_outcome(tally: Tally, run: Callable[[], object]) -> None:
-    """Run one claimed intent's flow and count how it ended."""
-    try:
-        response = run()
-    except IntentPending:
+def count_outcome(tally: Tally, outcome: object) -> None:
+    """Count how one claimed intent's flow ended: its response, or what it raised."""
+    if isinstance(outcome, IntentPending):
         tally.add("pending")
-    except IntentExpired:
+    elif isinstance(outcome, IntentExpired):
         tally.add("expired")
-    except IntentCancelled:
+    elif isinstance(outcome, IntentCancelled):
         tally.add("cancelled")
-    except IdempotencyKeyMismatch:
+    elif isinstance(outcome, IdempotencyKeyMismatch):
         tally.add("failed")
-    except Exception:
-        logger.exception("drain: an intent ended in an unexpected error")
+    elif isinstance(outcome, BaseException):
+        logger.error("drain: an intent ended in an unexpected error", exc_info=outcome)
         tally.add("errors")
     else:
-        info = getattr(response, "extensions", {}).get("postonce")
+        info = getattr(outcome, "extensions", {}).get("postonce")
         tally.add("succeeded" if info is not None and info.state is State.SUCCEEDED else "failed")
         if info is not None and info.replayed:
             tally.add("replayed")

@@ -40,7 +40,17 @@ from ._policy import RetryPolicy
 from ._wire import wire_headers
 from .providers import Provider
 
-__all__ = ["Send", "Sender", "Sleep", "StoreCall", "from_outbox", "run", "send_claimed"]
+__all__ = [
+    "Abandoned",
+    "Effect",
+    "Send",
+    "Sender",
+    "Sleep",
+    "StoreCall",
+    "from_outbox",
+    "run",
+    "send_claimed",
+]
 
 logger = logging.getLogger("postonce")
 
@@ -190,6 +200,26 @@ def run(sender: Sender, new: NewIntent) -> Generator[Effect, Any, httpx.Response
     )
 
 
+class Abandoned(BaseException):
+    """Thrown into a flow whose caller is going away (a cancelled task, Ctrl-C).
+
+    The flow answers with the store calls that leave its intent in its true
+    state, then lets this propagate: a send that may have been written is
+    recorded as ambiguous and the intent left pending; a claim that sent
+    nothing is released without starting the horizon.
+    """
+
+
+@dataclass(slots=True)
+class _Progress:
+    """What a flow's clean-up must know: the lease, and whether a send is under way."""
+
+    lease: Lease
+    delivered_maybe: bool
+    in_send: bool = False
+    sent_at: float = 0.0
+
+
 def send_claimed(
     sender: Sender,
     record: IntentRecord,
@@ -204,9 +234,60 @@ def send_claimed(
     In the foreground, retries sleep within the caller's budget. In the drain
     (``foreground=False``) nothing sleeps: every retry becomes a due time.
     """
+    progress = _Progress(lease=lease, delivered_maybe=anchor_before is not None)
+    clock = sender.clock
+    try:
+        return (
+            yield from _send_claimed(
+                sender, record, progress, anchor_before, ends_at=ends_at, foreground=foreground
+            )
+        )
+    except Abandoned:
+        if progress.in_send:
+            yield _ambiguous_record(progress, record, clock, "Abandoned")
+        else:
+            anchor = record.first_delivery_at if progress.delivered_maybe else anchor_before
+            yield StoreCall(
+                "release",
+                {"lease": progress.lease, "now": clock(), "due_at": clock(), "anchor": anchor},
+            )
+        raise
+
+
+def _ambiguous_record(
+    progress: _Progress, record: IntentRecord, clock: Callable[[], float], error: str
+) -> StoreCall:
+    """The record of a send that may have been written but ended without an answer."""
+    return StoreCall(
+        "record",
+        {
+            "lease": progress.lease,
+            "attempt": AttemptRecord(
+                progress.sent_at, clock() - progress.sent_at, Outcome.AMBIGUOUS, None, error, False
+            ),
+            "state": State.PENDING,
+            "anchor": record.first_delivery_at,
+            "due_at": clock(),
+            "lease_until": None,
+            "response": None,
+            "note": None,
+            "durable": False,
+        },
+    )
+
+
+def _send_claimed(
+    sender: Sender,
+    record: IntentRecord,
+    progress: _Progress,
+    anchor_before: float | None,
+    *,
+    ends_at: float | None,
+    foreground: bool,
+) -> Generator[Effect, Any, httpx.Response]:
     provider, policy, clock = sender.provider, sender.policy, sender.clock
     claimed_anchor = record.first_delivery_at
-    delivered_maybe = anchor_before is not None
+    lease = progress.lease
 
     stop = gate(
         clock(),
@@ -222,7 +303,10 @@ def send_claimed(
         raise _stop(stop, record)
     if record.due_at is not None and record.due_at > clock():
         if ends_at is not None and record.due_at > ends_at:
-            yield StoreCall("release", {"lease": lease, "now": clock(), "due_at": record.due_at})
+            yield StoreCall(
+                "release",
+                {"lease": lease, "now": clock(), "due_at": record.due_at, "anchor": anchor_before},
+            )
             raise IntentPending(
                 "the intent is not due yet",
                 reference=record.reference,
@@ -246,13 +330,14 @@ def send_claimed(
                     reference=record.reference,
                     key=record.key,
                 )
-            lease = renewed
+            lease = progress.lease = renewed
         request = sender.build_request(
             record.method, record.url, content=record.body, headers=headers, timeout=sender.timeout
         )
-        sent_at = clock()
+        sent_at = progress.sent_at = clock()
         response: httpx.Response | None = None
         error_type: str | None = None
+        progress.in_send = True
         try:
             response = yield Send(request)
         except httpx.TransportError as exc:
@@ -262,39 +347,21 @@ def send_claimed(
         except Exception as exc:
             # Not a transport failure (an event hook, a broken transport): the
             # request may have been written. Keep the intent for the drain.
-            yield StoreCall(
-                "record",
-                {
-                    "lease": lease,
-                    "attempt": AttemptRecord(
-                        sent_at,
-                        clock() - sent_at,
-                        Outcome.AMBIGUOUS,
-                        None,
-                        type(exc).__name__,
-                        False,
-                    ),
-                    "state": State.PENDING,
-                    "anchor": claimed_anchor,
-                    "due_at": clock(),
-                    "lease_until": None,
-                    "response": None,
-                    "note": None,
-                    "durable": False,
-                },
-            )
+            progress.in_send = False
+            yield _ambiguous_record(progress, record, clock, type(exc).__name__)
             raise
         else:
             outcome = classify_response(
                 response.status_code, response.headers, response.content, provider
             )
             cause = None
+        progress.in_send = False
         duration = clock() - sent_at
         # Waiting on an in-flight answer is not a retry: only the time budget bounds it.
         if outcome is not Outcome.IN_PROGRESS:
             attempts_left -= 1
-        delivered_maybe = delivered_maybe or outcome is not Outcome.NOT_SENT
-        anchor = claimed_anchor if delivered_maybe else None
+        progress.delivered_maybe = progress.delivered_maybe or outcome is not Outcome.NOT_SENT
+        anchor = claimed_anchor if progress.delivered_maybe else None
         now = clock()
         step = decide(
             outcome,
@@ -376,5 +443,5 @@ def send_claimed(
         if step.kind in (StepKind.EXPIRE, StepKind.CANCEL):
             raise _stop(step, record) from cause
         assert lease_until is not None
-        lease = Lease(lease.intent_id, lease.token, lease.owner, lease_until)
+        lease = progress.lease = Lease(lease.intent_id, lease.token, lease.owner, lease_until)
         yield Sleep(step.wait)

@@ -238,7 +238,8 @@ class SQLiteStore:
             raise ValueError(f"durability must be 'full' or 'normal', not {durability!r}")
         self.path = Path(path)
         self.durability: Durability = durability
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        self._local = threading.local()
         self._sync: str | None = None
         if not create and not self.path.exists():
             raise OutboxError(f"no outbox at {self.path}")
@@ -312,6 +313,11 @@ class SQLiteStore:
 
     @contextmanager
     def _write(self, durable: bool) -> Iterator[sqlite3.Connection]:
+        """One write transaction, or one savepoint inside the batch this thread runs."""
+        if getattr(self._local, "batch", False):
+            with self._savepoint() as conn:
+                yield conn
+            return
         with self._lock:
             try:
                 self._set_sync(durable)
@@ -327,6 +333,54 @@ class SQLiteStore:
                 raise
             except sqlite3.Error as exc:
                 raise OutboxError(f"outbox write failed at {self.path}: {exc}") from exc
+
+    @contextmanager
+    def _savepoint(self) -> Iterator[sqlite3.Connection]:
+        """One operation of a batch: undone alone if it fails, the batch goes on."""
+        conn = self._conn
+        conn.execute("SAVEPOINT op")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK TO op")
+            conn.execute("RELEASE op")
+            raise
+        conn.execute("RELEASE op")
+
+    def run_batch(
+        self, calls: list[tuple[str, dict[str, Any]]], *, durable: bool
+    ) -> list[tuple[bool, Any]]:
+        """Run several store calls in ONE transaction: one commit, one fsync (group commit).
+
+        Returns ``(ok, result or exception)`` per call. A failing call is rolled
+        back alone; a failing commit fails them all. ``durable`` says whether
+        any call needs a durable commit.
+        """
+        with self._lock:
+            try:
+                self._set_sync(durable)
+                self._conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                error = OutboxError(f"outbox write failed at {self.path}: {exc}")
+                return [(False, error) for _ in calls]
+            results: list[tuple[bool, Any]] = []
+            self._local.batch = True
+            try:
+                for method, kwargs in calls:
+                    try:
+                        results.append((True, getattr(self, method)(**kwargs)))
+                    except Exception as exc:
+                        results.append((False, exc))
+            finally:
+                self._local.batch = False
+            try:
+                self._conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                error = OutboxError(f"outbox commit failed at {self.path}: {exc}")
+                return [(False, error) for _ in calls]
+            return results
 
     def _read(self, sql: str, params: tuple[object, ...]) -> list[tuple[Any, ...]]:
         with self._lock:
@@ -537,13 +591,27 @@ class SQLiteStore:
             return None
         return Lease(lease.intent_id, lease.token, lease.owner, until)
 
-    def release(self, lease: Lease, *, now: float, due_at: float | None) -> bool:
+    def release(
+        self, lease: Lease, *, now: float, due_at: float | None, anchor: float | None
+    ) -> bool:
+        """Hand an unsent claim back: pending, due at ``due_at`` (default now).
+
+        ``anchor`` restores the horizon anchor the claim found: a claim that
+        sent nothing must not start the horizon.
+        """
         with self._write(durable=False) as conn:
             cur = conn.execute(
-                "UPDATE intents SET state = ?, due_at = ?, lease_owner = NULL,"
-                " lease_expires_at = NULL, claim_token = NULL, updated_at = ?"
-                " WHERE id = ? AND claim_token = ?",
-                (State.PENDING.value, due_at, now, lease.intent_id, lease.token),
+                "UPDATE intents SET state = ?, due_at = ?, first_delivery_at = ?,"
+                " lease_owner = NULL, lease_expires_at = NULL, claim_token = NULL,"
+                " updated_at = ? WHERE id = ? AND claim_token = ?",
+                (
+                    State.PENDING.value,
+                    now if due_at is None else due_at,
+                    anchor,
+                    now,
+                    lease.intent_id,
+                    lease.token,
+                ),
             )
         return cur.rowcount == 1
 

@@ -1,0 +1,265 @@
+"""What ``Client`` and ``AsyncClient`` share: configuration and the plan of a call.
+
+Everything here is decided without I/O (opening the outbox aside), so the two
+clients differ only in how they perform the flow's effects.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable, Collection, Generator, Sequence
+from datetime import datetime, timedelta
+from typing import Any, TypedDict
+
+import httpx
+
+from ._exceptions import ConfigurationError, PostonceError
+from ._flow import Effect, Sender, StoreCall, send_claimed
+from ._intent import IntentRecord
+from ._outbox.base import NewIntent, Opened, Store
+from ._outbox.locate import OutboxSpec, open_store
+from ._outbox.sqlite import Durability
+from ._policy import RetryPolicy
+from ._wire import DEFAULT_SECRET_HEADERS, UNSET, HeaderInput, Prepared, prepare
+from .providers import Provider, get_provider
+
+__all__ = ["BaseClient", "DeadlineInput", "OnceOptions", "named"]
+
+logger = logging.getLogger("postonce")
+
+DeadlineInput = datetime | timedelta | None
+
+
+class OnceOptions(TypedDict, total=False):
+    """The keyword arguments of ``request_once``, for its shortcuts."""
+
+    intent: str | None
+    key: str | None
+    json: Any
+    content: Any
+    data: Any
+    params: Any
+    headers: HeaderInput
+    timeout: Any
+    provider: str | Provider | None
+    retry: RetryPolicy | None
+    deadline: DeadlineInput
+    fingerprint_fields: Sequence[str] | None
+
+
+def _deadline(deadline: DeadlineInput, now: float, reference: str | None) -> float | None:
+    if deadline is None:
+        return None
+    if isinstance(deadline, timedelta):
+        return now + deadline.total_seconds()
+    if isinstance(deadline, datetime) and deadline.tzinfo is not None:
+        return deadline.timestamp()
+    raise ConfigurationError(
+        "deadline= takes a timedelta or a timezone-aware datetime", reference=reference
+    )
+
+
+def named(exc: PostonceError, reference: str, key: str) -> PostonceError:
+    """The same error, naming the intent it happened to."""
+    if exc.reference is not None:
+        return exc
+    renamed = type(exc)(exc.message, reference=reference, key=key)
+    renamed.__cause__ = exc.__cause__ or exc
+    return renamed
+
+
+class BaseClient:
+    """Settings and planning shared by both clients; see ``Client`` for the parameters."""
+
+    _http: httpx.Client | httpx.AsyncClient
+
+    def __init__(
+        self,
+        *,
+        provider: str | Provider,
+        outbox: OutboxSpec,
+        retry: RetryPolicy | None,
+        durability: Durability,
+        secret_headers: Collection[str],
+        lease_seconds: float,
+    ) -> None:
+        self.provider = get_provider(provider)
+        self.retry = retry if retry is not None else RetryPolicy()
+        if lease_seconds <= 0:
+            raise ConfigurationError("lease_seconds must be positive")
+        self.lease_seconds = float(lease_seconds)
+        self._secret_names = frozenset(
+            {*DEFAULT_SECRET_HEADERS, *(name.lower() for name in secret_headers)}
+        )
+        self._outbox_spec = outbox
+        self._durability: Durability = durability
+        self._store: Store | None = (
+            None if outbox is None or isinstance(outbox, str | os.PathLike) else outbox
+        )
+        self._owns_store = self._store is None
+        self._open_lock = threading.Lock()
+        self.owner = f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(4)}"
+        self._clock: Callable[[], float] = time.time
+
+    @staticmethod
+    def _check_http(
+        http: object, base_url: object, headers: object, options: dict[str, Any]
+    ) -> None:
+        if http is not None and (options or headers is not None or base_url):
+            raise ConfigurationError(
+                "pass base_url, headers and httpx options to your httpx client, not beside http="
+            )
+
+    # -- the outbox ----------------------------------------------------------
+
+    @property
+    def outbox(self) -> Store:
+        """The outbox store, opened on first use."""
+        if self._store is None:
+            with self._open_lock:
+                if self._store is None:
+                    self._store = open_store(self._outbox_spec, durability=self._durability)
+        return self._store
+
+    def use_outbox(self, outbox: OutboxSpec) -> None:
+        """Point this client at another outbox; only before the outbox is first used."""
+        if self._store is not None:
+            raise ConfigurationError("the outbox is already open; choose it before first use")
+        self._outbox_spec = outbox
+        if outbox is not None and not isinstance(outbox, str | os.PathLike):
+            self._store, self._owns_store = outbox, False
+
+    # -- planning a call -----------------------------------------------------
+
+    def _plan(
+        self,
+        method: str,
+        url: httpx.URL | str,
+        *,
+        intent: str | None = None,
+        key: str | None = None,
+        json: Any = UNSET,
+        content: Any = UNSET,
+        data: Any = UNSET,
+        params: Any = None,
+        headers: HeaderInput = None,
+        timeout: Any = httpx.USE_CLIENT_DEFAULT,
+        provider: str | Provider | None = None,
+        retry: RetryPolicy | None = None,
+        deadline: DeadlineInput = None,
+        fingerprint_fields: Sequence[str] | None = None,
+    ) -> tuple[Prepared, Sender, NewIntent]:
+        """Check, encode and fingerprint a call: what to store and how to send it."""
+        try:
+            profile = get_provider(provider) if provider is not None else self.provider
+        except PostonceError as exc:
+            raise type(exc)(exc.message, reference=intent) from None
+        prepared = prepare(
+            self._http,
+            method,
+            url,
+            provider=profile,
+            intent=intent,
+            key=key,
+            json=json,
+            content=content,
+            data=data,
+            params=params,
+            headers=headers,
+            secret_names=self._secret_names,
+            fingerprint_fields=fingerprint_fields,
+        )
+        sender = self._sender(profile, retry, timeout, prepared.secret_headers)
+        new = NewIntent(
+            reference=prepared.reference,
+            key=prepared.key,
+            key_given=prepared.key_given,
+            provider=profile.name,
+            method=prepared.method,
+            url=prepared.url,
+            headers=prepared.headers,
+            body=prepared.body,
+            fingerprint=prepared.fingerprint,
+            deadline_at=_deadline(deadline, self._clock(), prepared.reference),
+        )
+        return prepared, sender, new
+
+    def _sender(
+        self,
+        provider: Provider,
+        retry: RetryPolicy | None = None,
+        timeout: Any = httpx.USE_CLIENT_DEFAULT,
+        secret_headers: tuple[tuple[str, str], ...] = (),
+    ) -> Sender:
+        return Sender(
+            provider=provider,
+            policy=retry if retry is not None else self.retry,
+            owner=self.owner,
+            lease_seconds=self.lease_seconds,
+            clock=self._clock,
+            build_request=self._http.build_request,
+            timeout=timeout,
+            secret_headers=secret_headers,
+        )
+
+    def _drain_flow(self, opened: Opened) -> Generator[Effect, Any, httpx.Response]:
+        """The flow that sends one intent a drain claimed: once, with its stored key."""
+        record = opened.record
+        assert opened.lease is not None
+        try:
+            provider = self._provider_for(record)
+        except PostonceError:
+            logger.error(
+                "drain: intent %r names provider %r, which this client does not know; "
+                "configure the client with that profile",
+                record.reference,
+                record.provider,
+            )
+            yield from self._release_flow(opened)
+            raise
+        return (
+            yield from send_claimed(
+                self._sender(provider),
+                record,
+                opened.lease,
+                opened.anchor_before,
+                ends_at=None,
+                foreground=False,
+            )
+        )
+
+    def _release_flow(self, opened: Opened) -> Generator[Effect, Any, None]:
+        """Hand back a claim the drain will not send (it is stopping)."""
+        assert opened.lease is not None
+        yield StoreCall(
+            "release",
+            {
+                "lease": opened.lease,
+                "now": self._clock(),
+                "due_at": opened.record.due_at,
+                "anchor": opened.anchor_before,
+            },
+        )
+
+    def _claim_call(self, due_by: float, limit: int) -> StoreCall:
+        return StoreCall(
+            "claim_due",
+            {
+                "owner": self.owner,
+                "now": self._clock(),
+                "limit": limit,
+                "lease_for": self.lease_seconds,
+                "due_by": due_by,
+            },
+        )
+
+    def _provider_for(self, record: IntentRecord) -> Provider:
+        """The profile a stored intent was made under: this client's, or a built-in."""
+        if record.provider == self.provider.name:
+            return self.provider
+        return get_provider(record.provider)
