@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -15,6 +16,8 @@ import uvicorn
 
 import postonce
 from tests.idem_server import IdempotentApp
+
+T = TypeVar("T")
 
 # Tests never wait long: the policy is the library's, only the numbers are small.
 FAST = postonce.RetryPolicy(
@@ -78,18 +81,89 @@ def outbox_path(tmp_path: Path) -> Path:
 ClientFactory = Callable[..., postonce.Client]
 
 
-@pytest.fixture
-def make_client(outbox_path: Path) -> Iterator[ClientFactory]:
-    """Build clients on this test's outbox with fast retries; closes them afterwards."""
-    made: list[postonce.Client] = []
+class AsyncDriven:
+    """An AsyncClient driven from synchronous test code, on an event loop of its own.
 
+    It answers the calls ``Client`` answers, so one test body specifies the
+    behaviour of both clients; every call really runs ``await`` on the
+    AsyncClient, with its writer thread and group commits.
+    """
+
+    def __init__(self, client: postonce.AsyncClient) -> None:
+        self.client = client
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def request_once(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
+        return self._run(self.client.request_once(method, url, **kwargs))
+
+    def post_once(self, url: str, **kwargs: Any) -> httpx.Response:
+        return self._run(self.client.post_once(url, **kwargs))
+
+    def put_once(self, url: str, **kwargs: Any) -> httpx.Response:
+        return self._run(self.client.put_once(url, **kwargs))
+
+    def patch_once(self, url: str, **kwargs: Any) -> httpx.Response:
+        return self._run(self.client.patch_once(url, **kwargs))
+
+    def delete_once(self, url: str, **kwargs: Any) -> httpx.Response:
+        return self._run(self.client.delete_once(url, **kwargs))
+
+    def lookup(self, intent: str) -> postonce.IntentRecord | None:
+        return self._run(self.client.lookup(intent))
+
+    def drain(self, **kwargs: Any) -> postonce.DrainReport:
+        return self._run(self.client.drain(**kwargs))
+
+    @property
+    def outbox(self) -> postonce.Store:
+        return self.client.outbox
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._run(self.client.aclose())
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            self._loop.close()
+
+
+@pytest.fixture(params=["sync", "async"])
+def client_kind(request: pytest.FixtureRequest) -> str:
+    """Each test that builds clients runs once with Client and once with AsyncClient."""
+    return str(request.param)
+
+
+def _factory(outbox_path: Path, kind: str, made: list[Any]) -> Callable[..., postonce.Client]:
     def factory(base_url: str = "http://api.test", **kwargs: Any) -> postonce.Client:
         kwargs.setdefault("outbox", outbox_path)
         kwargs.setdefault("retry", FAST)
-        client = postonce.Client(base_url, **kwargs)
+        if kind == "sync":
+            client: Any = postonce.Client(base_url, **kwargs)
+        else:
+            client = AsyncDriven(postonce.AsyncClient(base_url, **kwargs))
         made.append(client)
-        return client
+        return client  # type: ignore[no-any-return]
 
-    yield factory
+    return factory
+
+
+@pytest.fixture
+def make_client(outbox_path: Path, client_kind: str) -> Iterator[ClientFactory]:
+    """Build clients (sync or async, per run) on this test's outbox with fast retries."""
+    made: list[Any] = []
+    yield _factory(outbox_path, client_kind, made)
+    for client in made:
+        client.close()
+
+
+@pytest.fixture
+def make_sync_client(outbox_path: Path) -> Iterator[ClientFactory]:
+    """Build sync clients only, for tests of Client's own surface."""
+    made: list[Any] = []
+    yield _factory(outbox_path, "sync", made)
     for client in made:
         client.close()

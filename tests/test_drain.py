@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from datetime import timedelta
 from pathlib import Path
 
@@ -56,7 +57,7 @@ def test_drain_takes_over_a_dead_senders_lease(
     client = make_client(server.base_url)
     client.post_once("/ietf/v1/charges", json={"amount": 1}, intent="warmup")
     store = SQLiteStore(outbox_path)
-    prepared_key = "dead-sender-key-1"
+    prepared_key = f"dead-sender-{uuid.uuid4().hex[:12]}"  # the server outlives this test
     new = NewIntent(
         reference="dead",
         key=prepared_key,
@@ -243,10 +244,10 @@ def test_operator_resolve_only_from_expired(make_client: ClientFactory) -> None:
 
 
 def test_drain_stop_event_releases_unsent_claims(
-    server: LoopbackServer, make_client: ClientFactory, outbox_path: Path
+    server: LoopbackServer, make_sync_client: ClientFactory, outbox_path: Path
 ) -> None:
     """A stop requested before a claimed intent is sent releases it, still pending."""
-    client = make_client(server.base_url)
+    client = make_sync_client(server.base_url)
     for i in range(3):
         pending_via_503(client, f"stop-{i}")
     stop = threading.Event()

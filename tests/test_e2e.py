@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import uuid
 from pathlib import Path
 
 import httpx
@@ -70,16 +71,17 @@ def test_key_reused_with_another_body_is_a_mismatch(
     server: LoopbackServer, make_client: ClientFactory, tmp_path: Path
 ) -> None:
     """Another system reusing our key with a different body gets the provider's mismatch."""
+    shared = f"shared-key-{uuid.uuid4().hex[:12]}"  # the server lives for the whole session
     first = make_client(server.base_url, provider="stripe")
-    first.post_once("/stripe/v1/charges", json={"amount": 1}, intent="mm", key="shared-key-0001")
+    first.post_once("/stripe/v1/charges", json={"amount": 1}, intent="mm", key=shared)
     other = make_client(server.base_url, provider="stripe", outbox=tmp_path / "other.db")
     with pytest.raises(postonce.IdempotencyKeyMismatch) as exc:
         other.post_once(
-            "/stripe/v1/charges", json={"amount": 999}, intent="mm", key="shared-key-0001"
+            "/stripe/v1/charges", json={"amount": 999}, intent="mm", key=shared
         )
-    assert exc.value.key == "shared-key-0001"
-    assert len(server.effects_for("shared-key-0001")) == 1
-    assert len(server.requests_for("shared-key-0001")) == 2
+    assert exc.value.key == shared
+    assert len(server.effects_for(shared)) == 1
+    assert len(server.requests_for(shared)) == 2
 
 
 def test_square_body_key_survives_a_timeout(

@@ -4,6 +4,7 @@ One idempotency key per intent, written ahead to a durable outbox, carried by
 every retry, and never re-sent after the provider may have forgotten it.
 """
 
+from ._async_client import AsyncClient
 from ._base import OnceOptions
 from ._client import Client
 from ._drain import DrainReport
@@ -30,6 +31,7 @@ from .providers import BUILTIN_PROVIDERS, Provider, StatusRule, get_provider
 
 __all__ = [
     "BUILTIN_PROVIDERS",
+    "AsyncClient",
     "Client",
     "ConfigurationError",
     "DrainReport",

@@ -212,6 +212,16 @@ def storable_response(status: int, headers: list[tuple[str, str]], body: bytes) 
     )
 
 
+_DURABLE_CALLS = frozenset({"open_intent", "settle", "claim_due", "operator_move", "purge"})
+
+
+def _needs_durable(method: str, kwargs: dict[str, Any]) -> bool:
+    """Whether a store call commits durably on its own (so its batch must too)."""
+    if method == "record":
+        return bool(kwargs.get("durable"))
+    return method in _DURABLE_CALLS
+
+
 def _create_private(path: Path) -> None:
     """Create the outbox file 0600 (and a missing directory 0700) before SQLite opens it."""
     if not path.parent.exists():
@@ -347,15 +357,14 @@ class SQLiteStore:
             raise
         conn.execute("RELEASE op")
 
-    def run_batch(
-        self, calls: list[tuple[str, dict[str, Any]]], *, durable: bool
-    ) -> list[tuple[bool, Any]]:
+    def run_batch(self, calls: list[tuple[str, dict[str, Any]]]) -> list[tuple[bool, Any]]:
         """Run several store calls in ONE transaction: one commit, one fsync (group commit).
 
         Returns ``(ok, result or exception)`` per call. A failing call is rolled
-        back alone; a failing commit fails them all. ``durable`` says whether
-        any call needs a durable commit.
+        back alone; a failing commit fails them all. The commit is durable when
+        any call in the batch needs it to be.
         """
+        durable = any(_needs_durable(method, kwargs) for method, kwargs in calls)
         with self._lock:
             try:
                 self._set_sync(durable)

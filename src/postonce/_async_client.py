@@ -1,0 +1,305 @@
+"""``AsyncClient``: the async shell over the same flows, httpx.AsyncClient and an outbox.
+
+It differs from ``Client`` only in how effects are performed: sends and
+sleeps are awaited, and store calls go to the outbox's own writer thread,
+which commits concurrent intents together (group commit). Runs on asyncio,
+and on trio through anyio.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection, Generator, Sequence
+from typing import Any
+
+import anyio
+import httpx
+from typing_extensions import Unpack
+
+from ._base import BaseClient, DeadlineInput, OnceOptions, named
+from ._drain import DrainReport, Tally, count_outcome
+from ._exceptions import ConfigurationError, OutboxError, PostonceError
+from ._flow import Abandoned, Effect, Send, Sleep, StoreCall, run
+from ._intent import IntentRecord
+from ._outbox.base import Opened
+from ._outbox.locate import OutboxSpec
+from ._outbox.sqlite import Durability
+from ._outbox.threaded import StoreThread
+from ._policy import RetryPolicy
+from ._wire import UNSET, HeaderInput
+from .providers import Provider
+
+__all__ = ["AsyncClient"]
+
+
+class AsyncClient(BaseClient):
+    """The async twin of :class:`postonce.Client`: same parameters, same guarantees.
+
+    ``await client.post_once(...)`` commits the intent before the first send,
+    like ``Client``, but the commit happens on the outbox's writer thread
+    (``postonce-outbox-writer``), so the event loop never blocks on SQLite and
+    concurrent calls share one commit. Pass any httpx async transport, for
+    example ``httpx_aiohttp.AiohttpTransport()`` for throughput at high
+    concurrency; the guarantees do not depend on it.
+    """
+
+    def __init__(
+        self,
+        base_url: httpx.URL | str = "",
+        *,
+        provider: str | Provider = "ietf_draft",
+        headers: HeaderInput = None,
+        outbox: OutboxSpec = None,
+        retry: RetryPolicy | None = None,
+        durability: Durability = "full",
+        secret_headers: Collection[str] = (),
+        lease_seconds: float = 120.0,
+        http: httpx.AsyncClient | None = None,
+        **httpx_options: Any,
+    ) -> None:
+        super().__init__(
+            provider=provider,
+            outbox=outbox,
+            retry=retry,
+            durability=durability,
+            secret_headers=secret_headers,
+            lease_seconds=lease_seconds,
+        )
+        self._check_http(http, base_url, headers, httpx_options)
+        if http is not None:
+            self._http: httpx.AsyncClient = http
+            self._owns_http = False
+        else:
+            self._http = httpx.AsyncClient(base_url=base_url, headers=headers, **httpx_options)
+            self._owns_http = True
+        self._thread: StoreThread | None = None
+
+    # -- the outbox ----------------------------------------------------------
+
+    async def _store_thread(self) -> StoreThread:
+        if self._thread is None:
+            store = self._store
+            if store is None:
+                store = await anyio.to_thread.run_sync(lambda: self.outbox)
+            if self._thread is None:
+                self._thread = StoreThread(store)
+        return self._thread
+
+    async def lookup(self, intent: str) -> IntentRecord | None:
+        """The stored intent with this reference, or None."""
+        record: IntentRecord | None = await (await self._store_thread()).call(
+            "get", {"reference": intent}
+        )
+        return record
+
+    # -- requests ------------------------------------------------------------
+
+    async def request_once(
+        self,
+        method: str,
+        url: httpx.URL | str,
+        *,
+        intent: str | None = None,
+        key: str | None = None,
+        json: Any = UNSET,
+        content: Any = UNSET,
+        data: Any = UNSET,
+        params: Any = None,
+        headers: HeaderInput = None,
+        timeout: Any = httpx.USE_CLIENT_DEFAULT,
+        provider: str | Provider | None = None,
+        retry: RetryPolicy | None = None,
+        deadline: DeadlineInput = None,
+        fingerprint_fields: Sequence[str] | None = None,
+    ) -> httpx.Response:
+        """Send ``method url`` once per intent; see :meth:`postonce.Client.request_once`.
+
+        If the task is cancelled, the intent stays durable in its true state:
+        a send that may have been written is recorded as ambiguous and left
+        pending for the drain; a claim that sent nothing is released.
+        """
+        prepared, sender, new = self._plan(
+            method,
+            url,
+            intent=intent,
+            key=key,
+            json=json,
+            content=content,
+            data=data,
+            params=params,
+            headers=headers,
+            timeout=timeout,
+            provider=provider,
+            retry=retry,
+            deadline=deadline,
+            fingerprint_fields=fingerprint_fields,
+        )
+        try:
+            thread = await self._store_thread()
+        except PostonceError as exc:
+            raise named(exc, prepared.reference, prepared.key) from exc
+        response: httpx.Response = await self._drive(
+            run(sender, new), thread, prepared.reference, prepared.key
+        )
+        return response
+
+    async def _drive(
+        self,
+        flow: Generator[Effect, Any, Any],
+        thread: StoreThread,
+        reference: str,
+        key: str,
+        on_send: Callable[[], None] | None = None,
+    ) -> Any:
+        """Perform a flow's effects with awaits until it returns or raises.
+
+        On cancellation the flow is told it is abandoned and its clean-up
+        (store calls only) is performed, shielded, before the cancellation
+        goes on. A store call already queued still completes and its result
+        reaches the flow first: the flow must know what it committed.
+        """
+        value: Any = None
+        error: BaseException | None = None
+        cancelled: BaseException | None = None
+        while True:
+            try:
+                effect = flow.throw(error) if error is not None else flow.send(value)
+            except StopIteration as stop:
+                if cancelled is not None:
+                    raise cancelled from None
+                return stop.value
+            except Abandoned:
+                assert cancelled is not None
+                raise cancelled from None
+            except OutboxError as exc:
+                raise named(exc, reference, key) from exc
+            value, error = None, None
+            if cancelled is not None and not isinstance(effect, StoreCall):
+                error = Abandoned()
+                continue
+            try:
+                if isinstance(effect, Send):
+                    if on_send is not None:
+                        on_send()
+                    value = await self._http.send(effect.request)
+                elif isinstance(effect, Sleep):
+                    await anyio.sleep(effect.seconds)
+                else:
+                    ticket = thread.submit(effect.method, effect.kwargs)
+                    with anyio.CancelScope(shield=cancelled is not None):
+                        value = await ticket.wait()
+            except anyio.get_cancelled_exc_class() as exc:
+                cancelled = exc
+                if isinstance(effect, StoreCall):
+                    try:
+                        with anyio.CancelScope(shield=True):
+                            value = await ticket.wait()
+                    except Exception as store_error:
+                        error = store_error
+                else:
+                    error = Abandoned()
+            except Exception as exc:
+                error = exc
+
+    async def post_once(
+        self, url: httpx.URL | str, **kwargs: Unpack[OnceOptions]
+    ) -> httpx.Response:
+        """``await request_once("POST", url, ...)``: the usual case."""
+        return await self.request_once("POST", url, **kwargs)
+
+    async def put_once(self, url: httpx.URL | str, **kwargs: Unpack[OnceOptions]) -> httpx.Response:
+        """``await request_once("PUT", url, ...)``."""
+        return await self.request_once("PUT", url, **kwargs)
+
+    async def patch_once(
+        self, url: httpx.URL | str, **kwargs: Unpack[OnceOptions]
+    ) -> httpx.Response:
+        """``await request_once("PATCH", url, ...)``."""
+        return await self.request_once("PATCH", url, **kwargs)
+
+    async def delete_once(
+        self, url: httpx.URL | str, **kwargs: Unpack[OnceOptions]
+    ) -> httpx.Response:
+        """``await request_once("DELETE", url, ...)``."""
+        return await self.request_once("DELETE", url, **kwargs)
+
+    # -- the drain -----------------------------------------------------------
+
+    async def drain(
+        self,
+        *,
+        forever: bool = False,
+        interval: float = 5.0,
+        concurrency: int = 1,
+        stop: anyio.Event | None = None,
+        progress: Callable[[DrainReport], None] | None = None,
+    ) -> DrainReport:
+        """Send every due intent once, with its stored key; see :meth:`postonce.Client.drain`.
+
+        Up to ``concurrency`` intents are sent at once as tasks. Set ``stop``
+        (or cancel the task) to end a ``forever`` drain: attempts in flight
+        finish and are recorded, claims not yet sent are released.
+        """
+        if concurrency < 1 or interval <= 0:
+            raise ConfigurationError("drain needs concurrency >= 1 and interval > 0")
+        thread = await self._store_thread()
+        tally = Tally()
+        stop = stop if stop is not None else anyio.Event()
+        started, began = self._clock(), time.monotonic()
+        limiter = anyio.CapacityLimiter(concurrency)
+        batch = max(1, min(concurrency * 4, 256))
+
+        async def one(opened: Opened) -> None:
+            async with limiter:
+                record = opened.record
+                if stop.is_set():
+                    await self._drive(self._release_flow(opened), thread, record.reference, "")
+                    tally.add("pending")
+                    return
+                try:
+                    outcome: object = await self._drive(
+                        self._drain_flow(opened),
+                        thread,
+                        record.reference,
+                        record.key,
+                        lambda: tally.add("sent"),
+                    )
+                except Exception as exc:
+                    outcome = exc
+                count_outcome(tally, outcome)
+
+        while not stop.is_set():
+            call = self._claim_call(self._clock() if forever else started, batch)
+            claimed: list[Opened] = await thread.call(call.method, call.kwargs)
+            if not claimed:
+                if not forever:
+                    break
+                with anyio.move_on_after(interval):
+                    await stop.wait()
+                continue
+            tally.add("claimed", len(claimed))
+            async with anyio.create_task_group() as group:
+                for opened in claimed:
+                    group.start_soon(one, opened)
+            if progress is not None:
+                progress(tally.report(time.monotonic() - began))
+        return tally.report(time.monotonic() - began)
+
+    # -- life cycle ----------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Close the httpx client, the writer thread and the outbox this client opened."""
+        if self._owns_http:
+            await self._http.aclose()
+        if self._thread is not None:
+            thread, self._thread = self._thread, None
+            await anyio.to_thread.run_sync(thread.close)
+        if self._owns_store and self._store is not None:
+            store, self._store = self._store, None
+            await anyio.to_thread.run_sync(store.close)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
