@@ -1,16 +1,19 @@
 """A sending process for the crash tests: post_once a run of intents, then exit.
 
-Usage: python -m tests.crash_worker OUTBOX BASE_URL PREFIX COUNT DELAY LEASE [skip-known]
+Usage: python -m tests.crash_worker OUTBOX BASE_URL PREFIX COUNT DELAY LEASE [skip-known] [async]
 
 Prints ``ready`` once its client exists, so the tests can time kills from
 then. With ``skip-known`` it leaves intents already in the outbox alone, as a
 restarted application would: finishing those is the drain's job.
+With ``async`` it sends through AsyncClient instead of Client.
 The tests SIGKILL it at random moments and finish its intents elsewhere.
 """
 
 from __future__ import annotations
 
 import sys
+
+import anyio
 
 import postonce
 
@@ -20,20 +23,36 @@ def main(argv: list[str]) -> int:
     retry = postonce.RetryPolicy(
         wait_initial=0.01, wait_max=0.05, in_flight_initial=0.02, in_flight_max=0.1
     )
-    with postonce.Client(
-        base_url, outbox=outbox, retry=retry, lease_seconds=float(lease)
-    ) as client:
-        client.outbox  # open it before saying ready  # noqa: B018
+    options = {"outbox": outbox, "retry": retry, "lease_seconds": float(lease)}
+    references = [f"{prefix}-{i}" for i in range(int(count))]
+
+    def body(reference: str) -> dict[str, object]:
+        return {"amount": int(reference.rsplit("-", 1)[1]), "_test": {"delay": float(delay)}}
+
+    if "async" in flags:
+
+        async def run_async() -> None:
+            async with postonce.AsyncClient(base_url, **options) as client:  # type: ignore[arg-type]
+                await client.lookup("-")  # open the outbox before saying ready
+                print("ready", flush=True)
+                for reference in references:
+                    if "skip-known" in flags and await client.lookup(reference) is not None:
+                        continue
+                    await client.post_once(
+                        "/ietf/v1/charges", json=body(reference), intent=reference
+                    )
+                    print(f"done {reference}", flush=True)
+
+        anyio.run(run_async)
+        return 0
+
+    with postonce.Client(base_url, **options) as client:  # type: ignore[arg-type]
+        client.lookup("-")  # open the outbox before saying ready
         print("ready", flush=True)
-        for i in range(int(count)):
-            reference = f"{prefix}-{i}"
+        for reference in references:
             if "skip-known" in flags and client.lookup(reference) is not None:
                 continue
-            client.post_once(
-                "/ietf/v1/charges",
-                json={"amount": i, "_test": {"delay": float(delay)}},
-                intent=reference,
-            )
+            client.post_once("/ietf/v1/charges", json=body(reference), intent=reference)
             print(f"done {reference}", flush=True)
     return 0
 

@@ -18,6 +18,8 @@ body, so every retry carries them too):
 
 * ``delay``: seconds the first execution takes (a slow gateway);
 * ``status``: the status the execution answers with (402, 500, ...);
+* ``drop_first``: the first execution is stored, then its connection is cut
+  mid-answer (the client sees a protocol error, as when a response is lost);
 * ``before``: a list of answers given *before* the idempotency layer to the
   first requests with this key, e.g. ``[{"status": 503, "retry_after": "1"}]``
   (a load balancer or rate limiter: nothing is executed or stored).
@@ -225,4 +227,9 @@ class IdempotentApp:
         else:
             entry.status, entry.body = status, answer
             entry.done.set()
+        if directives.get("drop_first"):
+            # Executed and stored, then the connection dies mid-answer: the
+            # client cannot tell this from a request that never arrived.
+            await send({"type": "http.response.start", "status": status, "headers": []})
+            raise ConnectionAbortedError("test server dropped the answer on purpose")
         await _answer(send, status, answer)

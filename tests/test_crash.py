@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 import postonce
 from postonce import State
@@ -52,11 +53,15 @@ def start_worker(
     )
 
 
+KINDS = pytest.mark.parametrize("kind", ["sync", "async"])
+
+
+@KINDS
 def test_sigkill_mid_request_is_finished_with_the_same_key(
-    server: LoopbackServer, outbox_path: Path
+    server: LoopbackServer, outbox_path: Path, kind: str
 ) -> None:
     """Killed while the server is still charging: a new process resumes it, one charge."""
-    worker = start_worker(outbox_path, server, "kill-mid", 1, 2.0, 1.0)
+    worker = start_worker(outbox_path, server, "kill-mid", 1, 2.0, 1.0, kind)
     store = postonce.SQLiteStore(outbox_path) if outbox_path.exists() else None
     deadline = time.monotonic() + 20
     key = None
@@ -83,8 +88,9 @@ def test_sigkill_mid_request_is_finished_with_the_same_key(
     assert response.json()["id"] == effects[0]["id"]
 
 
+@KINDS
 def test_random_sigkills_lose_nothing_and_charge_once(
-    server: LoopbackServer, tmp_path: Path
+    server: LoopbackServer, tmp_path: Path, kind: str
 ) -> None:
     """Seeded random SIGKILLs of a sending process: every intent ends with one charge."""
     rng = random.Random(20261130)
@@ -92,9 +98,11 @@ def test_random_sigkills_lose_nothing_and_charge_once(
     outbox = tmp_path / "crash.sqlite3"
     references: list[str] = []
     for r in range(rounds):
-        prefix = f"chaos{r}"
-        worker = start_worker(outbox, server, prefix, count, 0.03, 0.5)
-        time.sleep(rng.uniform(0.0, 0.6))
+        prefix = f"chaos{kind}{r}"
+        worker = start_worker(outbox, server, prefix, count, 0.03, 0.5, kind)
+        assert worker.stdout is not None
+        assert worker.stdout.readline().strip() == b"ready", worker.communicate()
+        time.sleep(rng.uniform(0.0, 0.4))
         if worker.poll() is not None:
             assert worker.returncode == 0, worker.stderr.read() if worker.stderr else ""
         worker.send_signal(signal.SIGKILL)
@@ -128,15 +136,16 @@ def test_random_sigkills_lose_nothing_and_charge_once(
         assert len(mine) == 1, (ref, mine)
 
 
+@KINDS
 def test_kill_9_twenty_times_then_drain_three_hundred_intents(
-    server: LoopbackServer, tmp_path: Path
+    server: LoopbackServer, tmp_path: Path, kind: str
 ) -> None:
     """300 intents, a sender SIGKILLed at 20+ seeded random moments, then a drain: one each."""
     rng = random.Random(9)
     outbox = tmp_path / "kill9.sqlite3"
     count, kills, mid_request, orphans = 300, 0, 0, 0
     while True:
-        worker = start_worker(outbox, server, "k9", count, 0.03, 0.5, "skip-known")
+        worker = start_worker(outbox, server, f"k9{kind}", count, 0.03, 0.5, "skip-known", kind)
         assert worker.stdout is not None
         assert worker.stdout.readline().strip() == b"ready", worker.communicate()
         if kills >= 20:
@@ -167,7 +176,7 @@ def test_kill_9_twenty_times_then_drain_three_hundred_intents(
                 break
             assert time.monotonic() < deadline, stats
             time.sleep(0.2)  # dead senders' leases run out
-        records = [c.lookup(f"k9-{i}") for i in range(count)]
+        records = [c.lookup(f"k9{kind}-{i}") for i in range(count)]
     assert report.failed == report.expired == report.errors == 0
     ledger = server.ledger()
     effects: dict[str, int] = {}

@@ -76,9 +76,7 @@ def test_key_reused_with_another_body_is_a_mismatch(
     first.post_once("/stripe/v1/charges", json={"amount": 1}, intent="mm", key=shared)
     other = make_client(server.base_url, provider="stripe", outbox=tmp_path / "other.db")
     with pytest.raises(postonce.IdempotencyKeyMismatch) as exc:
-        other.post_once(
-            "/stripe/v1/charges", json={"amount": 999}, intent="mm", key=shared
-        )
+        other.post_once("/stripe/v1/charges", json={"amount": 999}, intent="mm", key=shared)
     assert exc.value.key == shared
     assert len(server.effects_for(shared)) == 1
     assert len(server.requests_for(shared)) == 2

@@ -1,0 +1,284 @@
+"""What only AsyncClient has to prove: group commit, a free event loop, cancellation, load.
+
+Everything Client does, AsyncClient does too: the shared suites run against both.
+"""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
+
+import anyio
+import httpx
+import pytest
+from httpx_aiohttp import AiohttpTransport
+
+import postonce
+from postonce import SQLiteStore, State
+from tests.conftest import FAST, LoopbackServer
+
+pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
+
+
+T = TypeVar("T")
+
+
+def run(main: Callable[[], Awaitable[T]], backend: str = "asyncio") -> T:
+    return anyio.run(main, backend=backend)
+
+
+def test_concurrent_intents_share_commits_and_each_is_written_ahead(outbox_path: Path) -> None:
+    """64 concurrent post_once: fewer transactions than calls; each row is there before its send."""
+    seen: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        conn = sqlite3.connect(outbox_path)
+        (n,) = conn.execute(
+            "SELECT count(*) FROM intents WHERE key = ?", (request.headers["Idempotency-Key"],)
+        ).fetchone()
+        conn.close()
+        seen.append("row" if n == 1 else "missing")
+        return httpx.Response(201, json={"ok": True})
+
+    async def main() -> int:
+        async with postonce.AsyncClient(
+            "http://api.test",
+            outbox=outbox_path,
+            retry=FAST,
+            transport=httpx.MockTransport(handler),
+        ) as client:
+
+            async def one(i: int) -> None:
+                await client.post_once("/c", json={"i": i}, intent=f"g{i}")
+
+            async with anyio.create_task_group() as group:
+                for i in range(64):
+                    group.start_soon(one, i)
+            assert client._thread is not None
+            thread = client._thread
+            return thread.batches
+
+    batches = run(main)
+    assert seen == ["row"] * 64
+    # 64 write-aheads + 64 completions; grouped, they take far fewer transactions.
+    assert batches < 64
+
+
+def test_no_sql_runs_on_the_event_loop_thread(outbox_path: Path) -> None:
+    """Every SQL statement of an async call runs off the event loop's thread."""
+    SQLiteStore(outbox_path).close()
+    store = SQLiteStore(outbox_path)
+    threads: set[str] = set()
+    store._conn.set_trace_callback(lambda sql: threads.add(threading.current_thread().name))
+
+    async def main() -> str:
+        async with postonce.AsyncClient(
+            "http://api.test",
+            outbox=store,
+            retry=FAST,
+            transport=httpx.MockTransport(lambda r: httpx.Response(503)),
+        ) as client:
+            with pytest.raises(postonce.IntentPending):
+                await client.post_once("/c", json={}, intent="loop")
+            await client.drain()
+            await client.lookup("loop")
+        return threading.current_thread().name
+
+    loop_thread = run(main)
+    store.close()
+    assert threads == {"postonce-outbox-writer"}
+    assert loop_thread not in threads
+
+
+def test_cancelled_mid_send_leaves_the_intent_pending_and_unleased(
+    server: LoopbackServer, outbox_path: Path
+) -> None:
+    """A task cancelled while its request is at the server: ambiguous, pending, lease released."""
+
+    async def main() -> str:
+        async with postonce.AsyncClient(server.base_url, outbox=outbox_path, retry=FAST) as client:
+            with anyio.move_on_after(0.5):
+                await client.post_once(
+                    "/ietf/v1/charges", json={"amount": 1, "_test": {"delay": 1.0}}, intent="cx"
+                )
+            record = await client.lookup("cx")
+            assert record is not None
+            return record.key
+
+    key = run(main)
+    store = SQLiteStore(outbox_path)
+    record = store.get("cx")
+    attempts = store.attempts("cx")
+    store.close()
+    assert record is not None
+    assert record.state is State.PENDING
+    assert record.lease_owner is None
+    assert record.first_delivery_at is not None
+    assert [a.outcome.value for a in attempts] == ["ambiguous"]
+    time.sleep(0.6)  # the server finishes the charge it was given
+
+    async def finish() -> postonce.DrainReport:
+        async with postonce.AsyncClient(server.base_url, outbox=outbox_path, retry=FAST) as c:
+            return await c.drain()
+
+    report = run(finish)
+    assert (report.succeeded, report.replayed) == (1, 1)
+    assert len(server.effects_for(key)) == 1
+
+
+def test_cancelled_during_a_retry_wait_releases_the_lease(outbox_path: Path) -> None:
+    """Cancelled while sleeping before a retry: the attempt is kept, the lease is released."""
+    slow = FAST.model_copy(update={"wait_initial": 5.0, "wait_max": 5.0})
+
+    async def main() -> None:
+        async with postonce.AsyncClient(
+            "http://api.test",
+            outbox=outbox_path,
+            retry=slow,
+            transport=httpx.MockTransport(
+                lambda r: httpx.Response(503, headers={"Retry-After": "5"})
+            ),
+        ) as client:
+            with anyio.move_on_after(0.3):
+                await client.post_once("/c", json={}, intent="sleepy")
+
+    run(main)
+    store = SQLiteStore(outbox_path)
+    record = store.get("sleepy")
+    store.close()
+    assert record is not None
+    assert (record.state, record.lease_owner, record.attempts) == (State.PENDING, None, 1)
+
+
+def test_two_hundred_concurrent_intents_with_dropped_answers(
+    server: LoopbackServer, outbox_path: Path
+) -> None:
+    """200 concurrent intents, 10% of answers cut after the charge: all succeed, one charge each."""
+    rng = random.Random(200)
+    dropped = set(rng.sample(range(200), 20))
+
+    async def main() -> list[httpx.Response]:
+        out: list[httpx.Response] = []
+        async with postonce.AsyncClient(
+            server.base_url,
+            outbox=outbox_path,
+            retry=FAST,
+            limits=httpx.Limits(max_connections=64),
+        ) as client:
+
+            async def one(i: int) -> None:
+                body = {"amount": i, "_test": {"drop_first": i in dropped}}
+                out.append(await client.post_once("/ietf/v1/charges", json=body, intent=f"l{i}"))
+
+            async with anyio.create_task_group() as group:
+                for i in range(200):
+                    group.start_soon(one, i)
+        return out
+
+    responses = run(main)
+    assert len(responses) == 200
+    assert all(r.status_code == 201 for r in responses)
+    ledger = server.ledger()
+    for response in responses:
+        key = response.extensions["postonce"].key
+        assert len([e for e in ledger["effects"] if e["key"] == key]) == 1
+    replayed = [r for r in responses if r.extensions["postonce"].replayed]
+    assert len(replayed) == 20
+
+
+def test_works_on_trio(server: LoopbackServer, outbox_path: Path) -> None:
+    """AsyncClient runs under trio too, through anyio: a lost answer, one charge."""
+
+    async def main() -> httpx.Response:
+        async with postonce.AsyncClient(server.base_url, outbox=outbox_path, retry=FAST) as client:
+            return await client.post_once(
+                "/ietf/v1/charges", json={"amount": 7, "_test": {"drop_first": True}}, intent="t"
+            )
+
+    response = run(main, backend="trio")
+    assert response.status_code == 201
+    assert response.extensions["postonce"].replayed is True
+    assert len(server.effects_for(response.extensions["postonce"].key)) == 1
+
+
+def test_httpx_aiohttp_transport(server: LoopbackServer, outbox_path: Path) -> None:
+    """The aiohttp-backed transport from httpx-aiohttp carries the same guarantees."""
+
+    async def main() -> httpx.Response:
+        async with postonce.AsyncClient(
+            server.base_url,
+            outbox=outbox_path,
+            retry=FAST,
+            transport=AiohttpTransport(),
+            timeout=httpx.Timeout(5.0, read=0.5),
+        ) as client:
+            return await client.post_once(
+                "/ietf/v1/charges", json={"amount": 8, "_test": {"delay": 1.0}}, intent="aio"
+            )
+
+    response = run(main)
+    assert response.status_code == 201
+    key = response.extensions["postonce"].key
+    assert len(server.effects_for(key)) == 1
+    assert len(server.requests_for(key)) >= 2
+
+
+def test_a_ready_httpx_async_client_is_used_and_left_open(outbox_path: Path) -> None:
+    """http= takes a configured httpx.AsyncClient; aclose leaves it open."""
+
+    async def main() -> bool:
+        http = httpx.AsyncClient(
+            base_url="http://api.test",
+            transport=httpx.MockTransport(lambda r: httpx.Response(201)),
+        )
+        client = postonce.AsyncClient(http=http, outbox=outbox_path, retry=FAST)
+        assert (await client.post_once("/c", json={}, intent="own")).status_code == 201
+        await client.aclose()
+        closed = http.is_closed
+        await http.aclose()
+        return closed
+
+    assert run(main) is False
+
+
+def test_async_drain_stop_event_ends_a_forever_drain(
+    server: LoopbackServer, outbox_path: Path
+) -> None:
+    """Setting stop ends drain(forever=True) after the attempts in flight."""
+
+    async def main() -> postonce.DrainReport:
+        async with postonce.AsyncClient(server.base_url, outbox=outbox_path, retry=FAST) as client:
+            stop = anyio.Event()
+            result: list[postonce.DrainReport] = []
+
+            async def drainer() -> None:
+                result.append(await client.drain(forever=True, interval=0.05, stop=stop))
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(drainer)
+                with pytest.raises(postonce.IntentPending):
+                    await client.post_once(
+                        "/ietf/v1/charges",
+                        json={
+                            "amount": 1,
+                            "_test": {"before": [{"status": 503, "retry_after": "0"}]},
+                        },
+                        intent="fv",
+                        retry=FAST.model_copy(update={"attempts": 1}),
+                    )
+                deadline = anyio.current_time() + 10
+                while (record := await client.lookup("fv")) is not None and (
+                    record.state is not State.SUCCEEDED
+                ):
+                    assert anyio.current_time() < deadline
+                    await anyio.sleep(0.02)
+                stop.set()
+            return result[0]
+
+    report = run(main)
+    assert report.succeeded == 1
