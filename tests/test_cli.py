@@ -167,6 +167,31 @@ def test_cancel_resolve_purge_export(outbox_path: Path) -> None:
             id="older-than",
         ),
         pytest.param(
+            (
+                "outbox",
+                "--outbox",
+                "{outbox}",
+                "resolve",
+                "maybe",
+                "--succeeded",
+                "--failed",
+                "--note",
+                "x",
+            ),
+            "either --succeeded or --failed",
+            id="resolve-both",
+        ),
+        pytest.param(
+            ("drain", "--app", "tests.drain_app:client", "--outbox", "{missing}"),
+            "no outbox at",
+            id="drain-missing-outbox",
+        ),
+        pytest.param(
+            ("drain", "--app", "tests.drain_app:client", "--forever", "--interval", "0s"),
+            "interval > 0",
+            id="interval-zero",
+        ),
+        pytest.param(
             ("outbox", "--outbox", "{outbox}", "cancel", "maybe"),
             "may have been delivered",
             id="cancel-delivered",

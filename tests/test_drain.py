@@ -241,6 +241,24 @@ def test_operator_resolve_only_from_expired(make_client: ClientFactory) -> None:
     assert resolved.state is State.SUCCEEDED
     with pytest.raises(IllegalMove, match="only an expired intent"):
         store.operator_move("exp", State.FAILED, now=time.time(), note="again")
+    with pytest.raises(postonce.IntentResolved) as exc:
+        client.post_once("/c", json={}, intent="exp")
+    assert (exc.value.state, exc.value.note) == ("succeeded", "ch_1 found")
+
+
+def test_purge_keeps_unresolved_expired_intents(make_client: ClientFactory) -> None:
+    """An expired intent is never purged before a person resolves it."""
+    short = postonce.Provider(name="short", retention=timedelta(seconds=0.2))
+    client = make_client(
+        provider=short,
+        transport=httpx.MockTransport(lambda r: httpx.Response(503)),
+        retry=FAST.model_copy(update={"attempts": 1000}),
+    )
+    with pytest.raises(postonce.IntentExpired):
+        client.post_once("/c", json={}, intent="exp2")
+    store = client.outbox
+    assert store.purge(before=time.time() + 1, tombstones=False, now=time.time()) == 0
+    assert store.stats(now=time.time())["expired_needing_attention"] == 1
 
 
 def test_drain_stop_event_releases_unsent_claims(

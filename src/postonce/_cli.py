@@ -183,7 +183,10 @@ def drain(
     """
     client = _load_client(app)
     if outbox is not None:
-        client.use_outbox(outbox)
+        try:
+            client.use_outbox(open_store(outbox, create=False))
+        except PostonceError as exc:
+            raise click.ClickException(str(exc)) from exc
     progress: Callable[[DrainReport], None] | None = None
     if sys.stderr.isatty():
 
@@ -343,18 +346,18 @@ def cancel(ctx: click.Context, reference: str, note: str) -> None:
 
 @outbox.command()
 @click.argument("reference")
-@click.option("--succeeded", "outcome", flag_value="succeeded", help="The provider executed it.")
-@click.option("--failed", "outcome", flag_value="failed", help="The provider did not.")
+@click.option("--succeeded", is_flag=True, help="The provider executed it.")
+@click.option("--failed", is_flag=True, help="The provider did not.")
 @click.option("--note", required=True, help="What you checked, for the record.")
 @click.pass_context
-def resolve(ctx: click.Context, reference: str, outcome: str | None, note: str) -> None:
+def resolve(ctx: click.Context, reference: str, succeeded: bool, failed: bool, note: str) -> None:
     """Record the outcome of an expired intent after checking with the provider.
 
     Example: postonce outbox resolve order-1234/charge --succeeded --note "ch_123 in dashboard"
     """
-    if outcome is None:
-        raise click.UsageError("say --succeeded or --failed")
-    _operator(ctx, reference, State(outcome), note)
+    if succeeded == failed:
+        raise click.UsageError("say either --succeeded or --failed")
+    _operator(ctx, reference, State.SUCCEEDED if succeeded else State.FAILED, note)
 
 
 @outbox.command()

@@ -14,6 +14,7 @@ Every error postonce raises derives from :class:`PostonceError`::
         ├── IntentExpired         the provider may have forgotten the key: reconcile by hand
         ├── IntentCancelled       never delivered and stopped (operator or deadline)
         ├── IntentPurged          finished long ago; only its tombstone is left
+        ├── IntentResolved        expired, then settled by an operator; no answer stored
         └── IdempotencyKeyMismatch the server says the key was used with another request
 
 Errors raised while handling an intent carry its ``reference`` and, once a
@@ -35,6 +36,7 @@ __all__ = [
     "IntentExpired",
     "IntentPending",
     "IntentPurged",
+    "IntentResolved",
     "InvalidKey",
     "InvalidRequest",
     "OutboxError",
@@ -127,6 +129,20 @@ class IntentCancelled(IntentError):
 
 class IntentPurged(IntentError):
     """The intent finished and was purged; its tombstone refuses a second execution."""
+
+
+class IntentResolved(IntentError):
+    """The intent expired and an operator resolved it; there is no answer to return.
+
+    ``state`` is what the operator recorded (succeeded or failed), ``note`` why.
+    """
+
+    def __init__(
+        self, message: str, *, reference: str, key: str, state: str = "", note: str = ""
+    ) -> None:
+        self.state = state
+        self.note = note
+        super().__init__(message, reference=reference, key=key)
 
 
 class IdempotencyKeyMismatch(IntentError):

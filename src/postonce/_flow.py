@@ -28,10 +28,10 @@ from ._exceptions import (
     IdempotencyKeyMismatch,
     IntentCancelled,
     IntentConflict,
-    IntentError,
     IntentExpired,
     IntentPending,
     IntentPurged,
+    IntentResolved,
 )
 from ._intent import TERMINAL, IntentInfo, IntentRecord, Outcome, State
 from ._outbox.base import AttemptRecord, Lease, NewIntent
@@ -118,10 +118,14 @@ def from_outbox(record: IntentRecord) -> httpx.Response:
         )
     stored = record.response
     if stored is None:
-        raise IntentError(
-            f"the intent is {record.state.value} with no stored answer",
+        raise IntentResolved(
+            f"it expired and an operator resolved it as {record.state.value}"
+            + (f": {record.note}" if record.note else "")
+            + "; no answer is stored",
             reference=record.reference,
             key=record.key,
+            state=record.state.value,
+            note=record.note or "",
         )
     response = httpx.Response(
         stored.status,

@@ -776,13 +776,15 @@ class SQLiteStore:
         )
 
     def purge(self, *, before: float, tombstones: bool, now: float) -> int:
-        """Forget terminal intents last changed before ``before``.
+        """Forget finished intents last changed before ``before`` (never unresolved expired ones).
 
         By default each keeps a tombstone (reference, key, fingerprint, state),
         so the same reference is never executed again; ``tombstones=True``
         deletes tombstones of that age instead.
         """
-        terminal = tuple(s.value for s in TERMINAL)
+        # An expired intent stays until a person resolves it: purging it would
+        # hide it from the "needs attention" count.
+        terminal = tuple(s.value for s in TERMINAL if s is not State.EXPIRED)
         marks = ", ".join("?" for _ in terminal)
         with self._write(durable=True) as conn:
             if tombstones:
