@@ -35,7 +35,7 @@ from ._exceptions import (
 )
 from ._intent import TERMINAL, IntentInfo, IntentRecord, Outcome, State
 from ._outbox.base import AttemptRecord, Lease, NewIntent
-from ._outbox.sqlite import storable_response
+from ._outbox.rows import storable_response
 from ._policy import RetryPolicy
 from ._wire import wire_headers
 from .providers import Provider

@@ -17,7 +17,6 @@ The schema is created and migrated with sqlite-utils; the version lives in
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import sqlite3
@@ -33,12 +32,10 @@ import sqlite_utils
 from .._exceptions import IntentConflict, OutboxError
 from .._intent import TERMINAL, IntentRecord, Outcome, State, StoredResponse, operator_move
 from .base import AttemptRecord, Lease, NewIntent, Opened
+from .rows import COLUMNS, decode_row, needs_durable
 
-__all__ = ["SCHEMA_VERSION", "STORED_BODY_LIMIT", "SQLiteStore"]
+__all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
-#: Response bodies longer than this are stored as their first bytes plus the
-#: SHA-256 of the whole body, and flagged as truncated.
-STORED_BODY_LIMIT = 1 << 20
 
 Durability = Literal["full", "normal"]
 
@@ -119,107 +116,6 @@ def _v1(db: sqlite_utils.Database) -> None:
 #: MIGRATIONS[n] takes a database at schema version n to n + 1.
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1]
 SCHEMA_VERSION = len(MIGRATIONS)
-
-_COLUMNS = (
-    "id, reference, key, provider, method, url, headers, body, fingerprint, state, "
-    "created_at, first_delivery_at, due_at, deadline_at, attempts, last_outcome, lease_owner, "
-    "lease_expires_at, response_status, response_headers, response_body, "
-    "response_truncated, response_sha256, note, purged_at"
-)
-_CLAIMABLE = (State.PENDING.value, State.SENDING.value)
-# Headers that describe the stored bytes' transport, not the answer itself.
-_DROP_RESPONSE_HEADERS = frozenset(
-    {"content-encoding", "content-length", "transfer-encoding", "set-cookie", "connection"}
-)
-
-
-def _pairs(text: str | None) -> tuple[tuple[str, str], ...]:
-    return tuple((str(n), str(v)) for n, v in json.loads(text)) if text else ()
-
-
-def _row(row: tuple[Any, ...]) -> IntentRecord:
-    (
-        id_,
-        reference,
-        key,
-        provider,
-        method,
-        url,
-        headers,
-        body,
-        fingerprint,
-        state,
-        created_at,
-        first_delivery_at,
-        due_at,
-        deadline_at,
-        attempts,
-        last_outcome,
-        lease_owner,
-        lease_expires_at,
-        r_status,
-        r_headers,
-        r_body,
-        r_truncated,
-        r_sha256,
-        note,
-        purged_at,
-    ) = row
-    response = None
-    if r_status is not None:
-        response = StoredResponse(
-            status=int(r_status),
-            headers=_pairs(r_headers),
-            body=bytes(r_body or b""),
-            truncated=bool(r_truncated),
-            sha256=str(r_sha256 or ""),
-        )
-    return IntentRecord(
-        id=int(id_),
-        reference=str(reference),
-        key=str(key),
-        provider=str(provider),
-        method=str(method),
-        url=str(url),
-        headers=_pairs(headers),
-        body=bytes(body),
-        fingerprint=str(fingerprint),
-        state=State(state),
-        created_at=float(created_at),
-        first_delivery_at=first_delivery_at,
-        due_at=due_at,
-        deadline_at=deadline_at,
-        attempts=int(attempts),
-        last_outcome=Outcome(last_outcome) if last_outcome else None,
-        lease_owner=lease_owner,
-        lease_expires_at=lease_expires_at,
-        response=response,
-        note=note,
-        purged_at=purged_at,
-    )
-
-
-def storable_response(status: int, headers: list[tuple[str, str]], body: bytes) -> StoredResponse:
-    """A response as the outbox keeps it: transport headers dropped, body capped."""
-    kept = tuple((n, v) for n, v in headers if n.lower() not in _DROP_RESPONSE_HEADERS)
-    truncated = len(body) > STORED_BODY_LIMIT
-    return StoredResponse(
-        status=status,
-        headers=kept,
-        body=body[:STORED_BODY_LIMIT] if truncated else body,
-        truncated=truncated,
-        sha256=hashlib.sha256(body).hexdigest(),
-    )
-
-
-_DURABLE_CALLS = frozenset({"open_intent", "settle", "claim_due", "operator_move", "purge"})
-
-
-def _needs_durable(method: str, kwargs: dict[str, Any]) -> bool:
-    """Whether a store call commits durably on its own (so its batch must too)."""
-    if method == "record":
-        return bool(kwargs.get("durable"))
-    return method in _DURABLE_CALLS
 
 
 def _create_private(path: Path) -> None:
@@ -364,7 +260,7 @@ class SQLiteStore:
         back alone; a failing commit fails them all. The commit is durable when
         any call in the batch needs it to be.
         """
-        durable = any(_needs_durable(method, kwargs) for method, kwargs in calls)
+        durable = any(needs_durable(method, kwargs) for method, kwargs in calls)
         with self._lock:
             try:
                 self._set_sync(durable)
@@ -465,10 +361,10 @@ class SQLiteStore:
 
     def _reopen(self, conn: sqlite3.Connection, new: NewIntent, lease: Lease, now: float) -> Opened:
         row = conn.execute(
-            f"SELECT {_COLUMNS} FROM intents WHERE reference = ?",
+            f"SELECT {COLUMNS} FROM intents WHERE reference = ?",
             (new.reference,),
         ).fetchone()
-        record = _row(row)
+        record = decode_row(row)
         conflict = None
         if record.fingerprint != new.fingerprint:
             conflict = "it is stored with a different request (method, path, query or body)"
@@ -636,10 +532,10 @@ class SQLiteStore:
 
     def get(self, reference: str) -> IntentRecord | None:
         rows = self._read(
-            f"SELECT {_COLUMNS} FROM intents WHERE reference = ?",
+            f"SELECT {COLUMNS} FROM intents WHERE reference = ?",
             (reference,),
         )
-        return _row(rows[0]) if rows else None
+        return decode_row(rows[0]) if rows else None
 
     def attempts(self, reference: str) -> list[AttemptRecord]:
         rows = self._read(
@@ -679,7 +575,7 @@ class SQLiteStore:
         claimed: list[Opened] = []
         with self._write(durable=True) as conn:
             rows = conn.execute(
-                f"SELECT {_COLUMNS} FROM intents WHERE id IN ("
+                f"SELECT {COLUMNS} FROM intents WHERE id IN ("
                 " SELECT id FROM intents WHERE state = 'pending' AND due_at <= ?"
                 " UNION ALL"
                 " SELECT id FROM intents WHERE state = 'sending' AND lease_expires_at <= ?"
@@ -687,7 +583,7 @@ class SQLiteStore:
                 (due_by, due_by, limit),
             ).fetchall()
             for row in rows:
-                record = _row(row)
+                record = decode_row(row)
                 token = os.urandom(12).hex()
                 anchor = record.first_delivery_at if record.delivered_maybe else now
                 conn.execute(
@@ -719,10 +615,10 @@ class SQLiteStore:
         where = "WHERE state = ?" if state is not None else ""
         params: tuple[object, ...] = (state.value,) if state is not None else ()
         rows = self._read(
-            f"SELECT {_COLUMNS} FROM intents {where} ORDER BY id DESC LIMIT ?",
+            f"SELECT {COLUMNS} FROM intents {where} ORDER BY id DESC LIMIT ?",
             (*params, -1 if limit is None else limit),
         )
-        return [_row(r) for r in rows]
+        return [decode_row(r) for r in rows]
 
     def stats(self, *, now: float) -> dict[str, Any]:
         """Counts per state, the oldest pending intent, the next due time, expired ones."""
@@ -759,12 +655,12 @@ class SQLiteStore:
         """An operator's cancel or resolve, checked by the life-cycle rules, atomically."""
         with self._write(durable=True) as conn:
             row = conn.execute(
-                f"SELECT {_COLUMNS} FROM intents WHERE reference = ?",
+                f"SELECT {COLUMNS} FROM intents WHERE reference = ?",
                 (reference,),
             ).fetchone()
             if row is None:
                 raise KeyError(reference)
-            record = _row(row)
+            record = decode_row(row)
             operator_move(record, to, now)
             conn.execute(
                 "UPDATE intents SET state = ?, note = ?, due_at = NULL, lease_owner = NULL,"

@@ -1,0 +1,115 @@
+"""What every backend stores the same way: the intent columns, their decoding, the answer kept."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from .._intent import IntentRecord, Outcome, State, StoredResponse
+
+__all__ = ["COLUMNS", "STORED_BODY_LIMIT", "decode_row", "needs_durable", "storable_response"]
+
+#: Response bodies longer than this are stored as their first bytes plus the
+#: SHA-256 of the whole body, and flagged as truncated.
+STORED_BODY_LIMIT = 1 << 20
+
+COLUMNS = (
+    "id, reference, key, provider, method, url, headers, body, fingerprint, state, "
+    "created_at, first_delivery_at, due_at, deadline_at, attempts, last_outcome, lease_owner, "
+    "lease_expires_at, response_status, response_headers, response_body, "
+    "response_truncated, response_sha256, note, purged_at"
+)
+# Headers that describe the stored bytes' transport, not the answer itself.
+_DROP_RESPONSE_HEADERS = frozenset(
+    {"content-encoding", "content-length", "transfer-encoding", "set-cookie", "connection"}
+)
+
+
+def _pairs(text: str | None) -> tuple[tuple[str, str], ...]:
+    return tuple((str(n), str(v)) for n, v in json.loads(text)) if text else ()
+
+
+def decode_row(row: tuple[Any, ...]) -> IntentRecord:
+    (
+        id_,
+        reference,
+        key,
+        provider,
+        method,
+        url,
+        headers,
+        body,
+        fingerprint,
+        state,
+        created_at,
+        first_delivery_at,
+        due_at,
+        deadline_at,
+        attempts,
+        last_outcome,
+        lease_owner,
+        lease_expires_at,
+        r_status,
+        r_headers,
+        r_body,
+        r_truncated,
+        r_sha256,
+        note,
+        purged_at,
+    ) = row
+    response = None
+    if r_status is not None:
+        response = StoredResponse(
+            status=int(r_status),
+            headers=_pairs(r_headers),
+            body=bytes(r_body or b""),
+            truncated=bool(r_truncated),
+            sha256=str(r_sha256 or ""),
+        )
+    return IntentRecord(
+        id=int(id_),
+        reference=str(reference),
+        key=str(key),
+        provider=str(provider),
+        method=str(method),
+        url=str(url),
+        headers=_pairs(headers),
+        body=bytes(body),
+        fingerprint=str(fingerprint),
+        state=State(state),
+        created_at=float(created_at),
+        first_delivery_at=first_delivery_at,
+        due_at=due_at,
+        deadline_at=deadline_at,
+        attempts=int(attempts),
+        last_outcome=Outcome(last_outcome) if last_outcome else None,
+        lease_owner=lease_owner,
+        lease_expires_at=lease_expires_at,
+        response=response,
+        note=note,
+        purged_at=purged_at,
+    )
+
+
+def storable_response(status: int, headers: list[tuple[str, str]], body: bytes) -> StoredResponse:
+    """A response as the outbox keeps it: transport headers dropped, body capped."""
+    kept = tuple((n, v) for n, v in headers if n.lower() not in _DROP_RESPONSE_HEADERS)
+    truncated = len(body) > STORED_BODY_LIMIT
+    return StoredResponse(
+        status=status,
+        headers=kept,
+        body=body[:STORED_BODY_LIMIT] if truncated else body,
+        truncated=truncated,
+        sha256=hashlib.sha256(body).hexdigest(),
+    )
+
+
+_DURABLE_CALLS = frozenset({"open_intent", "settle", "claim_due", "operator_move", "purge"})
+
+
+def needs_durable(method: str, kwargs: dict[str, Any]) -> bool:
+    """Whether a store call commits durably on its own (so its batch must too)."""
+    if method == "record":
+        return bool(kwargs.get("durable"))
+    return method in _DURABLE_CALLS
