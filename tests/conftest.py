@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
+import uuid
 from collections.abc import Callable, Coroutine, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+import psycopg
 import pytest
 import uvicorn
+from psycopg import sql
 
 import postonce
+from postonce._outbox.locate import split_schema
 from tests.idem_server import IdempotentApp
 
 T = TypeVar("T")
@@ -74,8 +80,68 @@ def server() -> Iterator[LoopbackServer]:
 
 @pytest.fixture
 def outbox_path(tmp_path: Path) -> Path:
-    """A fresh outbox file for one test."""
+    """A fresh SQLite outbox file for one test."""
     return tmp_path / "outbox.sqlite3"
+
+
+#: The PostgreSQL server this machine provides (trust auth, database ``test``).
+PG_URL = os.environ.get("POSTONCE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+@contextmanager
+def pg_schema() -> Iterator[str]:
+    """An outbox URL in a schema of its own, dropped afterwards.
+
+    An unreachable server is an error, never a skip: CI must not pass without it.
+    """
+    schema = f"t_{uuid.uuid4().hex[:16]}"
+    try:
+        yield f"{PG_URL}?schema={schema}"
+    finally:
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def backend(request: pytest.FixtureRequest) -> str:
+    """Each outbox test runs on the SQLite and on the PostgreSQL outbox."""
+    return str(request.param)
+
+
+def _outbox_for(backend: str, tmp_path: Path, name: str) -> Iterator[str]:
+    if backend == "sqlite":
+        yield str(tmp_path / f"{name}.sqlite3")
+    else:
+        with pg_schema() as url:
+            yield url
+
+
+@pytest.fixture
+def outbox(backend: str, tmp_path: Path) -> Iterator[str]:
+    """A fresh outbox of this run's backend: a SQLite path or a PostgreSQL URL."""
+    yield from _outbox_for(backend, tmp_path, "outbox")
+
+
+@pytest.fixture
+def another_outbox(backend: str, tmp_path: Path) -> Iterator[str]:
+    """A second, separate outbox of the same backend (another system)."""
+    yield from _outbox_for(backend, tmp_path, "another")
+
+
+def outbox_bytes(spec: str) -> bytes:
+    """Everything an outbox holds at rest, as bytes, to search for what must not be there."""
+    if not spec.startswith("postgresql://"):
+        path = Path(spec)
+        return b"".join(p.read_bytes() for p in path.parent.glob(path.name + "*"))
+    url, schema = split_schema(spec)
+    with psycopg.connect(url) as conn:
+        dump = []
+        for table in ("intents", "attempts"):
+            query = sql.SQL("SELECT t::text FROM {}.{} t").format(
+                sql.Identifier(schema), sql.Identifier(table)
+            )
+            dump += [row[0] for row in conn.execute(query)]
+    return "\n".join(dump).encode()
 
 
 ClientFactory = Callable[..., postonce.Client]
@@ -137,9 +203,9 @@ def client_kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-def _factory(outbox_path: Path, kind: str, made: list[Any]) -> Callable[..., postonce.Client]:
+def _factory(outbox: str | Path, kind: str, made: list[Any]) -> Callable[..., postonce.Client]:
     def factory(base_url: str = "http://api.test", **kwargs: Any) -> postonce.Client:
-        kwargs.setdefault("outbox", outbox_path)
+        kwargs.setdefault("outbox", outbox)
         kwargs.setdefault("retry", FAST)
         if kind == "sync":
             client: Any = postonce.Client(base_url, **kwargs)
@@ -152,18 +218,18 @@ def _factory(outbox_path: Path, kind: str, made: list[Any]) -> Callable[..., pos
 
 
 @pytest.fixture
-def make_client(outbox_path: Path, client_kind: str) -> Iterator[ClientFactory]:
+def make_client(outbox: str, client_kind: str) -> Iterator[ClientFactory]:
     """Build clients (sync or async, per run) on this test's outbox with fast retries."""
     made: list[Any] = []
-    yield _factory(outbox_path, client_kind, made)
+    yield _factory(outbox, client_kind, made)
     for client in made:
         client.close()
 
 
 @pytest.fixture
-def make_sync_client(outbox_path: Path) -> Iterator[ClientFactory]:
+def make_sync_client(outbox: str) -> Iterator[ClientFactory]:
     """Build sync clients only, for tests of Client's own surface."""
     made: list[Any] = []
-    yield _factory(outbox_path, "sync", made)
+    yield _factory(outbox, "sync", made)
     for client in made:
         client.close()

@@ -85,10 +85,17 @@ class State:
     max_concurrent: dict[str, int] = field(default_factory=dict)
 
 
+class ClientGone(Exception):
+    """The client disconnected before its request body was complete."""
+
+
 async def _read_body(receive: Receive) -> bytes:
+    """The whole request body; a request cut off mid-body is never processed."""
     chunks = []
     while True:
         message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
         chunks.append(message.get("body", b""))
         if not message.get("more_body"):
             return b"".join(chunks)
@@ -116,7 +123,10 @@ class IdempotentApp:
     async def __call__(self, scope: Scope, receive: Receive, send: SendFn) -> None:
         if scope["type"] != "http":
             return
-        body = await _read_body(receive)
+        try:
+            body = await _read_body(receive)
+        except ClientGone:
+            return  # like any real server: half a request is no request
         path: str = scope["path"]
         if path == "/_ledger":
             s = self.state

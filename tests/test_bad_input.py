@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -17,6 +16,7 @@ import httpx
 import pytest
 
 import postonce
+from postonce._outbox.locate import open_store
 from tests.conftest import ClientFactory
 
 
@@ -31,14 +31,15 @@ class Never:
         return httpx.Response(201)
 
 
-def stored_references(path: Path) -> list[str]:
-    if not path.exists():
+def stored_references(spec: str) -> list[str]:
+    """The references in an outbox, or none if the call never created it."""
+    if not spec.startswith("postgresql://") and not Path(spec).exists():
         return []
-    conn = sqlite3.connect(path)
+    store = open_store(spec)
     try:
-        return [r[0] for r in conn.execute("SELECT reference FROM intents")]
+        return [r.reference for r in store.list_intents()]
     finally:
-        conn.close()
+        store.close()
 
 
 class Unserialisable:
@@ -78,7 +79,7 @@ class Unserialisable:
 )
 def test_bad_call_is_refused_before_anything_is_stored(
     make_client: ClientFactory,
-    outbox_path: Path,
+    outbox: str,
     provider: str,
     kwargs: dict[str, Any],
     error: type[postonce.PostonceError],
@@ -93,7 +94,7 @@ def test_bad_call_is_refused_before_anything_is_stored(
     assert exc.value.reference == "order-9/charge"
     assert "order-9/charge" in str(exc.value)
     assert never.sent == []
-    assert stored_references(outbox_path) == []
+    assert stored_references(outbox) == []
 
 
 def test_unknown_provider_at_construction_is_a_configuration_error() -> None:
@@ -102,13 +103,13 @@ def test_unknown_provider_at_construction_is_a_configuration_error() -> None:
         postonce.Client("http://api.test", provider="strip")
 
 
-def test_outbox_that_is_not_sqlite(make_client: ClientFactory, tmp_path: Path) -> None:
+def test_outbox_that_is_not_sqlite(make_sync_client: ClientFactory, tmp_path: Path) -> None:
     """A file that is not SQLite: OutboxError naming the intent; the file is left as it was."""
     bogus = tmp_path / "notes.txt"
     original = b"these are my notes, not a database\n" * 100
     bogus.write_bytes(original)
     never = Never()
-    client = make_client(outbox=bogus, transport=httpx.MockTransport(never))
+    client = make_sync_client(outbox=bogus, transport=httpx.MockTransport(never))
     with pytest.raises(postonce.OutboxError) as exc:
         client.post_once("/charge", json={"a": 1}, intent="order-10/charge")
     assert exc.value.reference == "order-10/charge"
@@ -171,9 +172,22 @@ def test_outbox_in_a_read_only_directory(readonly_dir: Path) -> None:
     assert not target.exists()
 
 
-def test_postgres_url_is_refused_clearly(make_client: ClientFactory) -> None:
-    """An outbox URL this version cannot serve is a ConfigurationError naming the intent."""
-    client = make_client(outbox="postgresql://app@db/payments")
+def test_unknown_outbox_url_is_refused_clearly(make_sync_client: ClientFactory) -> None:
+    """An outbox URL no backend serves is a ConfigurationError naming the intent."""
+    client = make_sync_client(outbox="mysql://app@db/payments")
     with pytest.raises(postonce.ConfigurationError) as exc:
         client.post_once("/charge", json={"a": 1}, intent="order-12/charge")
     assert exc.value.reference == "order-12/charge"
+
+
+def test_unreachable_postgres_is_an_outbox_error(make_sync_client: ClientFactory) -> None:
+    """A PostgreSQL outbox nobody answers for: OutboxError naming the intent, nothing sent."""
+    never = Never()
+    client = make_sync_client(
+        outbox="postgresql://postgres@127.0.0.1:1/test?connect_timeout=1",
+        transport=httpx.MockTransport(never),
+    )
+    with pytest.raises(postonce.OutboxError) as exc:
+        client.post_once("/charge", json={"a": 1}, intent="order-13/charge")
+    assert exc.value.reference == "order-13/charge"
+    assert never.sent == []

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -14,7 +13,8 @@ import respx
 
 import postonce
 from postonce import Outcome, State
-from tests.conftest import FAST, ClientFactory
+from postonce._outbox.locate import open_store
+from tests.conftest import FAST, ClientFactory, outbox_bytes
 
 Handler = Callable[[httpx.Request], httpx.Response]
 
@@ -55,13 +55,9 @@ def connect_error(request: httpx.Request) -> httpx.Response:
     raise httpx.ConnectError("refused", request=request)
 
 
-def rows(path: Path) -> list[sqlite3.Row]:
-    conn = sqlite3.connect(path)
-    conn.row_factory = sqlite3.Row
-    try:
-        return conn.execute("SELECT * FROM intents").fetchall()
-    finally:
-        conn.close()
+def only_record(client: postonce.Client) -> postonce.IntentRecord:
+    (record,) = client.outbox.list_intents()
+    return record
 
 
 # -- one key per intent ------------------------------------------------------------
@@ -240,19 +236,18 @@ def test_in_flight_answers_do_not_use_up_attempts(make_client: ClientFactory) ->
     assert len(rec.requests) == 11
 
 
-def test_409_until_budget_spent_leaves_the_intent_pending(
-    make_client: ClientFactory, outbox_path: Path
-) -> None:
+def test_409_until_budget_spent_leaves_the_intent_pending(make_client: ClientFactory) -> None:
     """A 409 that outlasts the budget raises IntentPending, never a failure."""
     rec = Recorder(httpx.Response(409))
     short = FAST.model_copy(update={"timeout": 0.5})
+    client = make_client(transport=rec.transport, retry=short)
     with pytest.raises(postonce.IntentPending) as exc:
-        make_client(transport=rec.transport, retry=short).post_once("/c", json={}, intent="o-11")
+        client.post_once("/c", json={}, intent="o-11")
     assert exc.value.due_at is not None
-    (row,) = rows(outbox_path)
-    assert row["state"] == "pending"
-    assert row["due_at"] == exc.value.due_at
-    assert row["lease_owner"] is None
+    row = only_record(client)
+    assert row.state is State.PENDING
+    assert row.due_at == exc.value.due_at
+    assert row.lease_owner is None
 
 
 def test_final_4xx_is_returned_and_stored(make_client: ClientFactory) -> None:
@@ -407,17 +402,15 @@ def test_expired_horizon_is_checked_before_a_resumed_send(make_client: ClientFac
     assert later.requests == []
 
 
-def test_never_sent_intents_do_not_start_the_horizon(
-    make_client: ClientFactory, outbox_path: Path
-) -> None:
+def test_never_sent_intents_do_not_start_the_horizon(make_client: ClientFactory) -> None:
     """Connect errors only: the horizon has not started, the intent stays pending."""
     rec = Recorder(connect_error)
     client = make_client(provider=short_memory(0.2), transport=rec.transport)
     with pytest.raises(postonce.IntentPending):
         client.post_once("/c", json={}, intent="o-24")
-    (row,) = rows(outbox_path)
-    assert row["state"] == "pending"
-    assert row["first_delivery_at"] is None
+    row = only_record(client)
+    assert row.state is State.PENDING
+    assert row.first_delivery_at is None
     assert {a.outcome for a in client.outbox.attempts("o-24")} == {Outcome.NOT_SENT}
 
 
@@ -500,30 +493,34 @@ def test_form_and_raw_bodies_are_stored_and_sent_unchanged(make_client: ClientFa
 
 
 def test_intent_row_is_committed_before_the_first_byte(
-    make_client: ClientFactory, outbox_path: Path
+    make_client: ClientFactory, outbox: str
 ) -> None:
     """A transport that reads the outbox from another connection at send time finds the row."""
-    seen: list[sqlite3.Row] = []
+    seen: list[postonce.IntentRecord] = []
+    checker = open_store(outbox)
 
     def look(request: httpx.Request) -> httpx.Response:
-        seen.extend(rows(outbox_path))
+        seen.extend(checker.list_intents())
         return ok(201)
 
-    make_client(transport=httpx.MockTransport(look)).post_once(
-        "/charge", json={"amount": 7}, intent="wa-1"
-    )
+    try:
+        make_client(transport=httpx.MockTransport(look)).post_once(
+            "/charge", json={"amount": 7}, intent="wa-1"
+        )
+    finally:
+        checker.close()
     (row,) = seen
-    assert row["reference"] == "wa-1"
-    assert row["state"] == "sending"
-    assert json.loads(row["body"]) == {"amount": 7}
-    assert row["key"]
-    assert row["fingerprint"]
-    assert row["created_at"] > 0
-    assert row["url"] == "http://api.test/charge"
-    assert row["method"] == "POST"
+    assert row.reference == "wa-1"
+    assert row.state is State.SENDING
+    assert json.loads(row.body) == {"amount": 7}
+    assert row.key
+    assert row.fingerprint
+    assert row.created_at > 0
+    assert row.url == "http://api.test/charge"
+    assert row.method == "POST"
 
 
-def test_no_secret_reaches_the_outbox(make_client: ClientFactory, outbox_path: Path) -> None:
+def test_no_secret_reaches_the_outbox(make_client: ClientFactory, outbox: str) -> None:
     """Authorization, Cookie and caller-marked secret headers never touch the disk."""
     rec = Recorder(httpx.Response(503), ok(201))
     client = make_client(
@@ -547,16 +544,14 @@ def test_no_secret_reaches_the_outbox(make_client: ClientFactory, outbox_path: P
         assert request.headers["Authorization"] == "Bearer sk_test_CLIENTSECRET"
         assert request.headers["X-Api-Signature"] == "SIGSECRET"
     client.close()
-    # ...and no byte of the outbox (database, WAL, shared memory) holds one.
-    blob = b"".join(p.read_bytes() for p in outbox_path.parent.glob("outbox.sqlite3*"))
+    # ...and no byte of the outbox (database, WAL, shared memory; or every row) holds one.
+    blob = outbox_bytes(outbox)
     for secret in (b"CLIENTSECRET", b"COOKIESECRET", b"PROXYSECRET", b"SIGSECRET"):
         assert secret not in blob
     assert b"visible-trace" in blob
 
 
-def test_event_hook_error_keeps_the_intent_for_the_drain(
-    make_client: ClientFactory, outbox_path: Path
-) -> None:
+def test_event_hook_error_keeps_the_intent_for_the_drain(make_client: ClientFactory) -> None:
     """An exception after the request may have been written leaves the intent pending."""
 
     def boom(response: httpx.Response) -> None:
@@ -565,9 +560,9 @@ def test_event_hook_error_keeps_the_intent_for_the_drain(
     client = make_client(transport=Recorder(ok(201)).transport, event_hooks={"response": [boom]})
     with pytest.raises(RuntimeError, match="hook failed"):
         client.post_once("/c", json={}, intent="hook")
-    (row,) = rows(outbox_path)
-    assert row["state"] == "pending"
-    assert row["first_delivery_at"] is not None
+    row = only_record(client)
+    assert row.state is State.PENDING
+    assert row.first_delivery_at is not None
     assert client.outbox.attempts("hook")[0].outcome is Outcome.AMBIGUOUS
 
 
@@ -592,16 +587,14 @@ def test_http_and_httpx_options_together_are_refused(outbox_path: Path) -> None:
         postonce.Client(http=httpx.Client(), outbox=outbox_path, timeout=3.0)
 
 
-def test_httpx_auth_is_applied_and_never_stored(
-    make_client: ClientFactory, outbox_path: Path
-) -> None:
+def test_httpx_auth_is_applied_and_never_stored(make_client: ClientFactory, outbox: str) -> None:
     """auth= works as in httpx: every send is authenticated, the outbox holds no credential."""
     rec = Recorder(httpx.Response(503), ok(201))
     client = make_client(transport=rec.transport, auth=("acct", "AUTHSECRET"))
     client.post_once("/c", json={"a": 1}, intent="auth")
     assert all(r.headers["Authorization"].startswith("Basic ") for r in rec.requests)
     client.close()
-    blob = b"".join(p.read_bytes() for p in outbox_path.parent.glob("outbox.sqlite3*"))
+    blob = outbox_bytes(outbox)
     basic = rec.requests[0].headers["Authorization"].split()[1].encode()
     assert basic not in blob
     assert b"AUTHSECRET" not in blob

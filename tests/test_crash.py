@@ -177,6 +177,18 @@ def test_kill_9_twenty_times_then_drain_three_hundred_intents(
             assert time.monotonic() < deadline, stats
             time.sleep(0.2)  # dead senders' leases run out
         records = [c.lookup(f"k9{kind}-{i}") for i in range(count)]
+        not_succeeded = [
+            (
+                r.reference,
+                r.state.value,
+                r.response.status if r.response else None,
+                r.response.body[:200] if r.response else None,
+                c.outbox.attempts(r.reference),
+            )
+            for r in records
+            if r is not None and r.state is not State.SUCCEEDED
+        ]
+    assert not_succeeded == []
     assert report.failed == report.expired == report.errors == 0
     ledger = server.ledger()
     effects: dict[str, int] = {}

@@ -7,15 +7,15 @@ import threading
 import time
 import uuid
 from datetime import timedelta
-from pathlib import Path
 
 import httpx
 import pytest
 
 import postonce
-from postonce import SQLiteStore, State
+from postonce import State
 from postonce._intent import IllegalMove
 from postonce._outbox.base import NewIntent
+from postonce._outbox.locate import open_store
 from tests.conftest import FAST, ClientFactory, LoopbackServer
 
 ONE = FAST.model_copy(update={"attempts": 1})
@@ -51,12 +51,12 @@ def test_drain_finishes_pending_intents_with_their_keys(
 
 
 def test_drain_takes_over_a_dead_senders_lease(
-    server: LoopbackServer, make_client: ClientFactory, outbox_path: Path
+    server: LoopbackServer, make_client: ClientFactory, outbox: str
 ) -> None:
     """An intent whose sender died mid-send is due once its lease expires; same key."""
     client = make_client(server.base_url)
     client.post_once("/ietf/v1/charges", json={"amount": 1}, intent="warmup")
-    store = SQLiteStore(outbox_path)
+    store = open_store(outbox)  # another process's connection to the same outbox
     prepared_key = f"dead-sender-{uuid.uuid4().hex[:12]}"  # the server outlives this test
     new = NewIntent(
         reference="dead",
@@ -170,7 +170,6 @@ def test_purge_keeps_a_tombstone_that_refuses_a_second_execution(
     client = make_client(transport=httpx.MockTransport(ok))
     client.post_once("/c", json={"a": 1}, intent="old")
     store = client.outbox
-    assert isinstance(store, SQLiteStore)
     assert store.purge(before=time.time() + 1, tombstones=False, now=time.time()) == 1
     with pytest.raises(postonce.IntentPurged) as exc:
         client.post_once("/c", json={"a": 1}, intent="old")
@@ -195,7 +194,6 @@ def test_purge_leaves_unfinished_and_recent_intents(make_client: ClientFactory) 
     with pytest.raises(postonce.IntentPending):
         client.post_once("/c", json={}, intent="open", retry=ONE)
     store = client.outbox
-    assert isinstance(store, SQLiteStore)
     assert store.purge(before=time.time() + 1, tombstones=False, now=time.time()) == 0
     assert store.purge(before=time.time() - 3600, tombstones=False, now=time.time()) == 0
 
@@ -210,7 +208,6 @@ def test_operator_cancel_only_when_never_delivered(make_client: ClientFactory) -
     with pytest.raises(postonce.IntentPending):
         client.post_once("/c", json={}, intent="never", retry=ONE)
     store = client.outbox
-    assert isinstance(store, SQLiteStore)
     cancelled = store.operator_move("never", State.CANCELLED, now=time.time(), note="n")
     assert cancelled.state is State.CANCELLED
     with pytest.raises(postonce.IntentCancelled):
@@ -234,7 +231,6 @@ def test_operator_resolve_only_from_expired(make_client: ClientFactory) -> None:
     with pytest.raises(postonce.IntentExpired):
         client.post_once("/c", json={}, intent="exp")
     store = client.outbox
-    assert isinstance(store, SQLiteStore)
     with pytest.raises(IllegalMove):
         store.operator_move("exp", State.CANCELLED, now=time.time(), note="n")
     resolved = store.operator_move("exp", State.SUCCEEDED, now=time.time(), note="ch_1 found")
@@ -262,7 +258,7 @@ def test_purge_keeps_unresolved_expired_intents(make_client: ClientFactory) -> N
 
 
 def test_drain_stop_event_releases_unsent_claims(
-    server: LoopbackServer, make_sync_client: ClientFactory, outbox_path: Path
+    server: LoopbackServer, make_sync_client: ClientFactory
 ) -> None:
     """A stop requested before a claimed intent is sent releases it, still pending."""
     client = make_sync_client(server.base_url)
@@ -288,9 +284,7 @@ def test_drain_stop_event_releases_unsent_claims(
     client._http.send = send_then_stop  # type: ignore[method-assign]
     report = client.drain(stop=stop)
     assert (report.claimed, report.succeeded, report.pending) == (3, 1, 2)
-    store = SQLiteStore(outbox_path)
-    leased = [r for r in store.list_intents() if r.lease_owner is not None]
-    store.close()
+    leased = [r for r in client.outbox.list_intents() if r.lease_owner is not None]
     assert leased == []
 
 

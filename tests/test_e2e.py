@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import uuid
-from pathlib import Path
 
 import httpx
 import pytest
@@ -68,13 +67,13 @@ def test_stored_500_is_a_final_answer(server: LoopbackServer, make_client: Clien
 
 
 def test_key_reused_with_another_body_is_a_mismatch(
-    server: LoopbackServer, make_client: ClientFactory, tmp_path: Path
+    server: LoopbackServer, make_client: ClientFactory, another_outbox: str
 ) -> None:
     """Another system reusing our key with a different body gets the provider's mismatch."""
     shared = f"shared-key-{uuid.uuid4().hex[:12]}"  # the server lives for the whole session
     first = make_client(server.base_url, provider="stripe")
     first.post_once("/stripe/v1/charges", json={"amount": 1}, intent="mm", key=shared)
-    other = make_client(server.base_url, provider="stripe", outbox=tmp_path / "other.db")
+    other = make_client(server.base_url, provider="stripe", outbox=another_outbox)
     with pytest.raises(postonce.IdempotencyKeyMismatch) as exc:
         other.post_once("/stripe/v1/charges", json={"amount": 999}, intent="mm", key=shared)
     assert exc.value.key == shared

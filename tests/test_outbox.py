@@ -1,7 +1,8 @@
-"""The SQLite outbox: schema, durability, permissions, claims and fencing."""
+"""The outboxes: claims and fencing on both backends; SQLite schema, durability, permissions."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sqlite3
 import stat
@@ -15,6 +16,7 @@ import postonce
 from postonce import SQLiteStore, State
 from postonce._intent import Outcome
 from postonce._outbox.base import AttemptRecord, NewIntent
+from postonce._outbox.locate import open_store
 from postonce._outbox.sqlite import SCHEMA_VERSION
 from tests.conftest import ClientFactory
 
@@ -143,14 +145,14 @@ def test_two_connections_can_create_one_new_outbox_at_once(tmp_path: Path) -> No
     assert errors == []
 
 
-def test_concurrent_opens_grant_one_lease(outbox_path: Path) -> None:
+def test_concurrent_opens_grant_one_lease(outbox: str) -> None:
     """Many threads on separate connections race for one intent: exactly one holds it."""
-    SQLiteStore(outbox_path).close()
+    open_store(outbox).close()
     barrier = threading.Barrier(8)
     leases: list[bool] = []
 
     def race(i: int) -> None:
-        store = SQLiteStore(outbox_path)
+        store = open_store(outbox)
         barrier.wait()
         opened = store.open_intent(new_intent(), owner=f"w{i}", now=1000.0, lease_for=60)
         leases.append(opened.lease is not None)
@@ -164,9 +166,9 @@ def test_concurrent_opens_grant_one_lease(outbox_path: Path) -> None:
     assert sorted(leases) == [False] * 7 + [True]
 
 
-def test_expired_lease_is_taken_over_and_the_old_owner_is_fenced(outbox_path: Path) -> None:
+def test_expired_lease_is_taken_over_and_the_old_owner_is_fenced(outbox: str) -> None:
     """After a lease expires another owner claims it; the old owner's writes are refused."""
-    a, b = SQLiteStore(outbox_path), SQLiteStore(outbox_path)
+    a, b = open_store(outbox), open_store(outbox)
     first = a.open_intent(new_intent(), owner="a", now=1000.0, lease_for=10)
     assert first.lease is not None
     early = b.open_intent(new_intent(), owner="b", now=1005.0, lease_for=10)
@@ -209,9 +211,9 @@ def test_expired_lease_is_taken_over_and_the_old_owner_is_fenced(outbox_path: Pa
     b.close()
 
 
-def test_terminal_intents_are_not_claimed(outbox_path: Path) -> None:
+def test_terminal_intents_are_not_claimed(outbox: str) -> None:
     """open_intent on a terminal intent returns it without a lease."""
-    store = SQLiteStore(outbox_path)
+    store = open_store(outbox)
     opened = store.open_intent(new_intent(), owner="a", now=1000.0, lease_for=10)
     assert opened.lease is not None
     store.record(
@@ -278,21 +280,72 @@ def test_large_response_bodies_are_truncated_with_a_hash(make_client: ClientFact
     stored = client.post_once("/c", json={}, intent="big")
     assert stored.extensions["postonce"].truncated is True
     assert len(stored.content) == 1 << 20
-    assert isinstance(client.outbox, SQLiteStore)
-    conn = sqlite3.connect(client.outbox.path)
-    (digest,) = conn.execute("SELECT response_sha256 FROM intents").fetchone()
-    conn.close()
-    import hashlib
-
-    assert digest == hashlib.sha256(big).hexdigest()
+    record = client.lookup("big")
+    assert record is not None
+    assert record.response is not None
+    assert record.response.sha256 == hashlib.sha256(big).hexdigest()
 
 
-def test_wal_files_share_the_private_mode(make_client: ClientFactory, outbox_path: Path) -> None:
+def test_wal_files_share_the_private_mode(outbox_path: Path) -> None:
     """SQLite's -wal and -shm files are no more readable than the outbox itself."""
-    client = make_client(transport=httpx.MockTransport(lambda r: httpx.Response(201)))
+    client = postonce.Client(
+        "http://api.test",
+        outbox=outbox_path,
+        transport=httpx.MockTransport(lambda r: httpx.Response(201)),
+    )
     client.post_once("/c", json={}, intent="wal")
     for suffix in ("-wal", "-shm"):
         side = Path(str(outbox_path) + suffix)
         if side.exists():
             assert stat.S_IMODE(side.stat().st_mode) & 0o077 == 0
     assert stat.S_IMODE(os.stat(outbox_path).st_mode) == 0o600
+    client.close()
+
+
+def test_claim_due_takes_only_due_and_dead_leases(outbox: str) -> None:
+    """claim_due: pending and due, or sending under an expired lease; never a live lease."""
+    store = open_store(outbox)
+    opened = {
+        name: store.open_intent(
+            new_intent(name, f"k-{name}-0001"), owner="a", now=1000.0, lease_for=lease
+        )
+        for name, lease in (("live", 600), ("dead", 5), ("later", 5))
+    }
+    later = opened["later"]
+    assert later.lease is not None
+    store.release(later.lease, now=1000.0, due_at=5000.0, anchor=None)
+    claimed = store.claim_due(owner="drain", now=1010.0, limit=10, lease_for=30)
+    assert [o.record.reference for o in claimed] == ["dead"]
+    assert claimed[0].record.key == "k-dead-0001"
+    assert opened["live"].lease is not None
+    assert store.claim_due(owner="other", now=1010.0, limit=10, lease_for=30) == []
+    store.close()
+
+
+def test_parallel_claims_never_overlap(outbox: str) -> None:
+    """Four claimers on their own connections take disjoint sets of 200 due intents."""
+    store = open_store(outbox)
+    for i in range(200):
+        opened = store.open_intent(
+            new_intent(f"p{i}", f"k-par-{i:05d}"), owner="dead", now=1000.0, lease_for=1
+        )
+        assert opened.lease is not None
+    store.close()
+    taken: list[list[str]] = [[] for _ in range(4)]
+    barrier = threading.Barrier(4)
+
+    def claimer(n: int) -> None:
+        mine = open_store(outbox)
+        barrier.wait()
+        while batch := mine.claim_due(owner=f"c{n}", now=2000.0, limit=7, lease_for=600):
+            taken[n].extend(o.record.reference for o in batch)
+        mine.close()
+
+    threads = [threading.Thread(target=claimer, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    everything = [ref for part in taken for ref in part]
+    assert sorted(everything) == sorted(f"p{i}" for i in range(200))
+    assert len(set(everything)) == 200

@@ -8,6 +8,7 @@ and on trio through anyio.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Collection, Generator, Sequence
 from typing import Any
@@ -30,6 +31,8 @@ from ._wire import UNSET, HeaderInput
 from .providers import Provider
 
 __all__ = ["AsyncClient"]
+
+logger = logging.getLogger("postonce")
 
 
 class AsyncClient(BaseClient):
@@ -270,7 +273,17 @@ class AsyncClient(BaseClient):
 
         while not stop.is_set():
             call = self._claim_call(self._clock() if forever else started, batch)
-            claimed: list[Opened] = await thread.call(call.method, call.kwargs)
+            try:
+                claimed: list[Opened] = await thread.call(call.method, call.kwargs)
+            except OutboxError:
+                if not forever:
+                    raise
+                # A worker outlives a database restart: say so, wait, try again.
+                logger.exception("drain: cannot claim due intents; retrying in %ss", interval)
+                tally.add("errors")
+                with anyio.move_on_after(interval):
+                    await stop.wait()
+                continue
             if not claimed:
                 if not forever:
                     break

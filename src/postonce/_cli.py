@@ -21,8 +21,8 @@ from ._client import Client
 from ._drain import DrainReport
 from ._exceptions import PostonceError
 from ._intent import IllegalMove, IntentRecord, State
+from ._outbox.base import Store
 from ._outbox.locate import ENV_VAR, open_store
-from ._outbox.sqlite import SQLiteStore
 from ._version import __version__
 
 __all__ = ["main", "parse_duration"]
@@ -225,7 +225,8 @@ def drain(
     envvar=ENV_VAR,
     default=None,
     metavar="PATH",
-    help=f"The outbox to inspect (default: ${ENV_VAR}, else the user data dir).",
+    help=f"The outbox to inspect: a path or postgresql:// URL (default: ${ENV_VAR}, "
+    "else the user data dir).",
 )
 @click.pass_context
 def outbox(ctx: click.Context, outbox: str | None) -> None:
@@ -236,21 +237,19 @@ def outbox(ctx: click.Context, outbox: str | None) -> None:
     ctx.obj = outbox
 
 
-def _store(ctx: click.Context) -> SQLiteStore:
+def _store(ctx: click.Context) -> Store:
     try:
         store = open_store(ctx.obj, create=False)
     except PostonceError as exc:
         raise click.ClickException(str(exc)) from exc
-    if not isinstance(store, SQLiteStore):
-        raise click.ClickException("this command needs a SQLite outbox")
     ctx.call_on_close(store.close)
     return store
 
 
-def _get(store: SQLiteStore, reference: str) -> IntentRecord:
+def _get(store: Store, reference: str) -> IntentRecord:
     record = store.get(reference)
     if record is None:
-        raise click.ClickException(f"no intent {reference!r} in {store.path}")
+        raise click.ClickException(f"no intent {reference!r} in this outbox")
     return record
 
 

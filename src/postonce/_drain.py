@@ -27,6 +27,7 @@ from ._exceptions import (
     IntentCancelled,
     IntentExpired,
     IntentPending,
+    OutboxError,
 )
 from ._intent import State
 from ._outbox.base import Opened
@@ -150,7 +151,16 @@ def run_drain(
 
     with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="postonce-drain") as pool:
         while not stop.is_set():
-            claimed = claim(clock() if forever else started, batch)
+            try:
+                claimed = claim(clock() if forever else started, batch)
+            except OutboxError:
+                if not forever:
+                    raise
+                # A worker outlives a database restart: say so, wait, try again.
+                logger.exception("drain: cannot claim due intents; retrying in %ss", interval)
+                tally.add("errors")
+                stop.wait(interval)
+                continue
             if not claimed:
                 if not forever:
                     break

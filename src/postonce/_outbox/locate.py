@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import platformdirs
 
@@ -11,7 +12,7 @@ from .._exceptions import ConfigurationError
 from .base import Store
 from .sqlite import Durability, SQLiteStore
 
-__all__ = ["ENV_VAR", "OutboxSpec", "default_outbox_path", "open_store"]
+__all__ = ["ENV_VAR", "OutboxSpec", "default_outbox_path", "open_store", "split_schema"]
 
 ENV_VAR = "POSTONCE_OUTBOX"
 OutboxSpec = str | os.PathLike[str] | Store | None
@@ -31,8 +32,21 @@ def describe(spec: OutboxSpec) -> str | Store:
     return spec
 
 
+def split_schema(url: str) -> tuple[str, str]:
+    """A PostgreSQL URL without postonce's own ``schema=`` query parameter, and that schema."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    schemas = [value for name, value in query if name == "schema"]
+    rest = [(name, value) for name, value in query if name != "schema"]
+    schema = schemas[-1] if schemas else "postonce"
+    return urlunsplit(parts._replace(query=urlencode(rest))), schema
+
+
 def open_store(spec: OutboxSpec, *, durability: Durability = "full", create: bool = True) -> Store:
-    """Open the outbox a spec names: a Store, a path, ``sqlite:///path``, or None.
+    """Open the outbox a spec names: a Store, a path, ``sqlite:///path``, a PostgreSQL URL.
+
+    ``postgresql://user@host/db?schema=name`` keeps the tables in schema
+    ``name`` (default ``postonce``).
 
     With ``create=False`` a missing outbox is an OutboxError, not a new file.
     """
@@ -40,9 +54,14 @@ def open_store(spec: OutboxSpec, *, durability: Durability = "full", create: boo
     if not isinstance(where, str):
         return where
     if where.startswith(("postgresql://", "postgres://")):
-        raise ConfigurationError(
-            "a PostgreSQL outbox is not available in this version of postonce; use a SQLite path"
-        )
+        try:
+            from .postgres import PostgresStore
+        except ImportError as exc:
+            raise ConfigurationError(
+                "a PostgreSQL outbox needs the postgres extra: pip install 'postonce[postgres]'"
+            ) from exc
+        url, schema = split_schema(where)
+        return PostgresStore(url, schema=schema, durability=durability, create=create)
     if where.startswith("sqlite:///"):
         where = where[len("sqlite:///") :]
     elif "://" in where:

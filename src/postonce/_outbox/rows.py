@@ -4,11 +4,22 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from .._intent import IntentRecord, Outcome, State, StoredResponse
 
-__all__ = ["COLUMNS", "STORED_BODY_LIMIT", "decode_row", "needs_durable", "storable_response"]
+if TYPE_CHECKING:
+    from .base import Store
+
+__all__ = [
+    "COLUMNS",
+    "STORED_BODY_LIMIT",
+    "decode_row",
+    "export_rows",
+    "needs_durable",
+    "storable_response",
+]
 
 #: Response bodies longer than this are stored as their first bytes plus the
 #: SHA-256 of the whole body, and flagged as truncated.
@@ -113,3 +124,36 @@ def needs_durable(method: str, kwargs: dict[str, Any]) -> bool:
     if method == "record":
         return bool(kwargs.get("durable"))
     return method in _DURABLE_CALLS
+
+
+def export_rows(store: Store) -> Iterator[dict[str, Any]]:
+    """Every intent with its attempts, as plain data (bodies as text where they are UTF-8)."""
+    for record in store.list_intents():
+        yield {
+            "reference": record.reference,
+            "key": record.key,
+            "provider": record.provider,
+            "state": record.state.value,
+            "method": record.method,
+            "url": record.url,
+            "headers": [list(h) for h in record.headers],
+            "body": record.body.decode("utf-8", "replace"),
+            "created_at": record.created_at,
+            "first_delivery_at": record.first_delivery_at,
+            "due_at": record.due_at,
+            "deadline_at": record.deadline_at,
+            "attempts": [
+                {
+                    "started_at": a.started_at,
+                    "duration": a.duration,
+                    "outcome": a.outcome.value,
+                    "status": a.status,
+                    "error_type": a.error_type,
+                    "replayed": a.replayed,
+                }
+                for a in store.attempts(record.reference)
+            ],
+            "response_status": record.response.status if record.response else None,
+            "note": record.note,
+            "purged_at": record.purged_at,
+        }

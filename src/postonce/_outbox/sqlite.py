@@ -32,7 +32,7 @@ import sqlite_utils
 from .._exceptions import IntentConflict, OutboxError
 from .._intent import TERMINAL, IntentRecord, Outcome, State, StoredResponse, operator_move
 from .base import AttemptRecord, Lease, NewIntent, Opened
-from .rows import COLUMNS, decode_row, needs_durable
+from .rows import COLUMNS, decode_row, export_rows, needs_durable
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
@@ -702,36 +702,8 @@ class SQLiteStore:
             return cur.rowcount
 
     def export_rows(self) -> Iterator[dict[str, Any]]:
-        """Every intent with its attempts, as plain data (bodies as text where they are UTF-8)."""
-        for record in self.list_intents():
-            yield {
-                "reference": record.reference,
-                "key": record.key,
-                "provider": record.provider,
-                "state": record.state.value,
-                "method": record.method,
-                "url": record.url,
-                "headers": [list(h) for h in record.headers],
-                "body": record.body.decode("utf-8", "replace"),
-                "created_at": record.created_at,
-                "first_delivery_at": record.first_delivery_at,
-                "due_at": record.due_at,
-                "deadline_at": record.deadline_at,
-                "attempts": [
-                    {
-                        "started_at": a.started_at,
-                        "duration": a.duration,
-                        "outcome": a.outcome.value,
-                        "status": a.status,
-                        "error_type": a.error_type,
-                        "replayed": a.replayed,
-                    }
-                    for a in self.attempts(record.reference)
-                ],
-                "response_status": record.response.status if record.response else None,
-                "note": record.note,
-                "purged_at": record.purged_at,
-            }
+        """Every intent with its attempts, as plain data."""
+        return export_rows(self)
 
     def close(self) -> None:
         with self._lock:
