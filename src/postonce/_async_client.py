@@ -18,7 +18,7 @@ import httpx
 from typing_extensions import Unpack
 
 from ._base import BaseClient, DeadlineInput, OnceOptions, named
-from ._drain import DrainReport, Tally, count_outcome
+from ._drain import JUST_BEFORE, DrainReport, Tally, count_outcome
 from ._exceptions import ConfigurationError, OutboxError, PostonceError
 from ._flow import Abandoned, Effect, Send, Sleep, StoreCall, run
 from ._intent import IntentRecord
@@ -57,6 +57,7 @@ class AsyncClient(BaseClient):
         durability: Durability = "full",
         secret_headers: Collection[str] = (),
         lease_seconds: float = 120.0,
+        clock: Callable[[], float] | None = None,
         http: httpx.AsyncClient | None = None,
         **httpx_options: Any,
     ) -> None:
@@ -67,6 +68,7 @@ class AsyncClient(BaseClient):
             durability=durability,
             secret_headers=secret_headers,
             lease_seconds=lease_seconds,
+            clock=clock,
         )
         self._check_http(http, base_url, headers, httpx_options)
         if http is not None:
@@ -272,7 +274,7 @@ class AsyncClient(BaseClient):
                 count_outcome(tally, outcome)
 
         while not stop.is_set():
-            call = self._claim_call(self._clock() if forever else started, batch)
+            call = self._claim_call(self._clock() if forever else started - JUST_BEFORE, batch)
             try:
                 claimed: list[Opened] = await thread.call(call.method, call.kwargs)
             except OutboxError:

@@ -87,6 +87,7 @@ class BaseClient:
         durability: Durability,
         secret_headers: Collection[str],
         lease_seconds: float,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.provider = get_provider(provider)
         self.retry = retry if retry is not None else RetryPolicy()
@@ -104,7 +105,7 @@ class BaseClient:
         self._owns_store = self._store is None
         self._open_lock = threading.Lock()
         self.owner = f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(4)}"
-        self._clock: Callable[[], float] = time.time
+        self._clock: Callable[[], float] = clock if clock is not None else time.time
 
     @staticmethod
     def _check_http(

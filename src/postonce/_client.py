@@ -35,6 +35,9 @@ class Client(BaseClient):
     ``POSTONCE_OUTBOX``, else uses ``outbox.sqlite3`` under
     ``platformdirs.user_data_path("postonce")``. It is opened on first use.
 
+    ``clock`` (Unix seconds; default ``time.time``) is the wall clock every
+    stored time and the retry horizon use; pass one to simulate time in tests.
+
     Pass httpx's own options (``timeout``, ``transport``, ``auth``,
     ``event_hooks``, ``verify``, ``proxy``, ...) as keywords, or a ready
     ``httpx.Client`` as ``http=`` (which you then close yourself).
@@ -51,6 +54,7 @@ class Client(BaseClient):
         durability: Durability = "full",
         secret_headers: Collection[str] = (),
         lease_seconds: float = 120.0,
+        clock: Callable[[], float] | None = None,
         http: httpx.Client | None = None,
         **httpx_options: Any,
     ) -> None:
@@ -61,6 +65,7 @@ class Client(BaseClient):
             durability=durability,
             secret_headers=secret_headers,
             lease_seconds=lease_seconds,
+            clock=clock,
         )
         self._check_http(http, base_url, headers, httpx_options)
         if http is not None:

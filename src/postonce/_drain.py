@@ -32,9 +32,14 @@ from ._exceptions import (
 from ._intent import State
 from ._outbox.base import Opened
 
-__all__ = ["DrainReport", "Tally", "run_drain"]
+__all__ = ["JUST_BEFORE", "DrainReport", "Tally", "run_drain"]
 
 logger = logging.getLogger("postonce")
+
+# A one-shot drain takes what was due strictly before it started, so an intent
+# it defers with a zero wait is not taken again in the same drain, however
+# coarse the clock.
+JUST_BEFORE = 1e-6
 
 
 class DrainReport(BaseModel):
@@ -152,7 +157,7 @@ def run_drain(
     with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="postonce-drain") as pool:
         while not stop.is_set():
             try:
-                claimed = claim(clock() if forever else started, batch)
+                claimed = claim(clock() if forever else started - JUST_BEFORE, batch)
             except OutboxError:
                 if not forever:
                     raise

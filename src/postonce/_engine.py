@@ -17,7 +17,12 @@ from ._intent import Outcome, State
 from ._policy import RetryPolicy, backoff, horizon_at
 from .providers import Provider
 
-__all__ = ["Budget", "Step", "StepKind", "decide", "gate"]
+__all__ = ["CLOCK_TOLERANCE", "Budget", "Step", "StepKind", "decide", "gate"]
+
+#: Seconds a wall clock may step back (an NTP correction, or the skew between
+#: hosts sharing a PostgreSQL outbox) before postonce treats it as a jump and
+#: stops trusting times recorded earlier. Small next to every horizon margin.
+CLOCK_TOLERANCE = 60.0
 
 
 class StepKind(str, enum.Enum):
@@ -57,7 +62,17 @@ def gate(
     """None if a send is allowed now; else the terminal step that forbids it.
 
     ``anchor`` is the start of the first attempt that may have been delivered.
+    A wall clock that now reads earlier than the anchor (by more than
+    ``CLOCK_TOLERANCE``) went backwards: the real time since the first send
+    cannot be known, so the horizon is taken as passed. Never late, at the
+    price of reconciling an intent that might still have been retried.
     """
+    if anchor is not None and now < anchor - CLOCK_TOLERANCE:
+        return Step(
+            StepKind.EXPIRE,
+            State.EXPIRED,
+            reason="the clock went back past the first send; the time since it is unknown",
+        )
     if anchor is not None and now >= horizon_at(anchor, provider, policy):
         return Step(
             StepKind.EXPIRE,

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 
 from ._classify import classify_exception, classify_response, is_replay
-from ._engine import Budget, Step, StepKind, decide, gate
+from ._engine import CLOCK_TOLERANCE, Budget, Step, StepKind, decide, gate
 from ._exceptions import (
     IdempotencyKeyMismatch,
     IntentCancelled,
@@ -305,25 +305,44 @@ def _send_claimed(
             "settle", {"lease": lease, "now": clock(), "state": stop.state, "note": stop.reason}
         )
         raise _stop(stop, record)
-    if record.due_at is not None and record.due_at > clock():
-        if ends_at is not None and record.due_at > ends_at:
+    # A claim is due by definition in the drain; in the foreground, wait for a
+    # due time only while it is believable: one further off than any wait the
+    # policy could have asked for was written before the clock went back.
+    longest = max(policy.retry_after_max, policy.wait_max, policy.in_flight_max) + CLOCK_TOLERANCE
+    due_at = record.due_at
+    if foreground and due_at is not None and clock() < due_at <= clock() + longest:
+        if ends_at is not None and due_at > ends_at:
             yield StoreCall(
                 "release",
-                {"lease": lease, "now": clock(), "due_at": record.due_at, "anchor": anchor_before},
+                {"lease": lease, "now": clock(), "due_at": due_at, "anchor": anchor_before},
             )
             raise IntentPending(
                 "the intent is not due yet",
                 reference=record.reference,
                 key=record.key,
-                due_at=record.due_at,
+                due_at=due_at,
             )
-        yield Sleep(record.due_at - clock())
+        yield Sleep(due_at - clock())
 
     attempt = record.attempts
     attempts_left = policy.attempts
     headers = wire_headers(record.headers, sender.secret_headers, record.key, provider)
     while True:
         attempt += 1
+        # Checked again before every send: a sleep can overrun (a suspended
+        # process, a clock that jumped) past the horizon or the deadline.
+        stop = gate(
+            clock(),
+            anchor=claimed_anchor if progress.delivered_maybe else anchor_before,
+            deadline_at=record.deadline_at,
+            provider=provider,
+            policy=policy,
+        )
+        if stop is not None:
+            yield StoreCall(
+                "settle", {"lease": lease, "now": clock(), "state": stop.state, "note": stop.reason}
+            )
+            raise _stop(stop, record)
         if lease.expires_at - clock() < sender.lease_seconds / 2:
             renewed = yield StoreCall(
                 "renew", {"lease": lease, "now": clock(), "until": clock() + sender.lease_seconds}

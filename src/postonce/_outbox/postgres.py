@@ -32,6 +32,7 @@ import psycopg
 import psycopg_pool
 from psycopg import sql
 
+from .._engine import CLOCK_TOLERANCE
 from .._exceptions import ConfigurationError, IntentConflict, OutboxError
 from .._intent import IntentRecord, Outcome, State, StoredResponse, operator_move
 from .base import AttemptRecord, Lease, NewIntent, Opened
@@ -486,10 +487,13 @@ class PostgresStore:
                     f"SELECT {COLUMNS} FROM {{schema}}.intents"
                     " WHERE (state = 'pending' AND due_at <= %s)"
                     " OR (state = 'sending' AND lease_expires_at <= %s)"
+                    # A clock that went back leaves due times far ahead: pending rows
+                    # touched "in the future" are due now (a live lease is never cut short).
+                    " OR (state = 'pending' AND updated_at > %s)"
                     " ORDER BY COALESCE(due_at, lease_expires_at), id LIMIT %s"
                     " FOR UPDATE SKIP LOCKED"
                 ),
-                (due_by, due_by, limit),
+                (due_by, due_by, now + CLOCK_TOLERANCE, limit),
             ).fetchall()
             for row in rows:
                 record = decode_row(row)

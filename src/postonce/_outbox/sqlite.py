@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 import sqlite_utils
 
+from .._engine import CLOCK_TOLERANCE
 from .._exceptions import IntentConflict, OutboxError
 from .._intent import TERMINAL, IntentRecord, Outcome, State, StoredResponse, operator_move
 from .base import AttemptRecord, Lease, NewIntent, Opened
@@ -577,10 +578,14 @@ class SQLiteStore:
             rows = conn.execute(
                 f"SELECT {COLUMNS} FROM intents WHERE id IN ("
                 " SELECT id FROM intents WHERE state = 'pending' AND due_at <= ?"
-                " UNION ALL"
+                " UNION"
                 " SELECT id FROM intents WHERE state = 'sending' AND lease_expires_at <= ?"
+                # A clock that went back leaves due times far ahead: pending rows
+                # touched "in the future" are due now (a live lease is never cut short).
+                " UNION"
+                " SELECT id FROM intents WHERE state = 'pending' AND updated_at > ?"
                 ") ORDER BY COALESCE(due_at, lease_expires_at), id LIMIT ?",
-                (due_by, due_by, limit),
+                (due_by, due_by, now + CLOCK_TOLERANCE, limit),
             ).fetchall()
             for row in rows:
                 record = decode_row(row)
