@@ -346,3 +346,34 @@ def test_cli_inspects_a_postgres_outbox(pg_outbox: str) -> None:
         check=False,
     )
     assert json.loads(show.stdout)["state"] == "succeeded"
+
+
+def test_a_role_with_run_time_grants_only_uses_a_current_outbox(pg_outbox: str) -> None:
+    """Once migrated by its owner, an outbox works for a role that cannot CREATE anything."""
+    import httpx
+
+    url, schema = split_schema(pg_outbox)
+    PostgresStore(url, schema=schema).close()  # the owner migrates
+    role = f"app_{uuid.uuid4().hex[:8]}"
+    ident, name = sql.Identifier(role), sql.Identifier(schema)
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(ident))
+        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(name, ident))
+        conn.execute(
+            sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {} TO {}").format(
+                name, ident
+            )
+        )
+        conn.execute(sql.SQL("GRANT USAGE ON ALL SEQUENCES IN SCHEMA {} TO {}").format(name, ident))
+    try:
+        app_url = f"postgresql://{role}@127.0.0.1:5432/test?schema={schema}"
+        with postonce.Client(
+            "http://api.test",
+            outbox=app_url,
+            transport=httpx.MockTransport(lambda r: httpx.Response(201)),
+        ) as client:
+            assert client.post_once("/c", json={}, intent="granted").status_code == 201
+    finally:
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(ident))
+            conn.execute(sql.SQL("DROP ROLE {}").format(ident))

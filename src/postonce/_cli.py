@@ -151,7 +151,7 @@ def _load_client(spec: str) -> Client:
     "--outbox",
     "outbox",
     default=None,
-    metavar="PATH",
+    metavar="PATH|URL",
     help="Drain this outbox instead of the client's own.",
 )
 @click.option(
@@ -182,11 +182,13 @@ def drain(
     Example: postonce drain --app myapp.payments:client --concurrency 8
     """
     client = _load_client(app)
+    store = None
     if outbox is not None:
         try:
-            client.use_outbox(open_store(outbox, create=False))
+            store = open_store(outbox, create=False)
         except PostonceError as exc:
             raise click.ClickException(str(exc)) from exc
+        client.use_outbox(store)
     progress: Callable[[DrainReport], None] | None = None
     if sys.stderr.isatty():
 
@@ -209,6 +211,8 @@ def drain(
         raise click.ClickException(str(exc)) from exc
     finally:
         client.close()
+        if store is not None:
+            store.close()
     if progress is not None:
         click.echo(err=True)
     click.echo(report.model_dump_json(indent=2))
@@ -224,7 +228,7 @@ def drain(
     "outbox",
     envvar=ENV_VAR,
     default=None,
-    metavar="PATH",
+    metavar="PATH|URL",
     help=f"The outbox to inspect: a path or postgresql:// URL (default: ${ENV_VAR}, "
     "else the user data dir).",
 )

@@ -31,7 +31,8 @@ class Client(BaseClient):
     ``provider`` is a built-in profile name or a :class:`postonce.Provider`.
     ``headers`` (and ``auth``) live in this process only: they are never
     written to the outbox, and whoever sends an intent supplies them again.
-    ``outbox`` is a path, ``sqlite:///path`` or a store; ``None`` reads
+    ``outbox`` is a path, ``sqlite:///path``, ``postgresql://…[?schema=name]``
+    (with the ``postgres`` extra) or a store; ``None`` reads
     ``POSTONCE_OUTBOX``, else uses ``outbox.sqlite3`` under
     ``platformdirs.user_data_path("postonce")``. It is opened on first use.
 

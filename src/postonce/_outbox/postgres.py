@@ -118,13 +118,36 @@ class PostgresStore:
         info = psycopg.conninfo.conninfo_to_dict(self.url)
         return f"{info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '')}"
 
+    def _sync_setting(self, durable: bool) -> str:
+        # Durable commits wait for the WAL flush whatever the role's default is.
+        on = durable and self.durability == "full"
+        return f"SET LOCAL synchronous_commit = {'on' if on else 'off'}"
+
     def _sql(self, text: str) -> sql.Composed:
         return sql.SQL(text).format(schema=self._q)
 
     # -- plumbing ---------------------------------------------------------
 
+    def _current_version(self, conn: psycopg.Connection[Any]) -> int | None:
+        """The stored schema version, or None where no outbox is (or can be seen)."""
+        found = conn.execute(
+            "SELECT 1 FROM information_schema.tables"
+            " WHERE table_schema = %s AND table_name = 'postonce_meta'",
+            (self.schema,),
+        ).fetchone()
+        if found is None:
+            conn.rollback()
+            return None
+        row = conn.execute(self._sql("SELECT version FROM {schema}.postonce_meta")).fetchone()
+        conn.rollback()
+        return None if row is None else int(row[0])
+
     def _migrate(self) -> None:
         with self._connection() as conn:
+            # An outbox already current needs no DDL: a role with only the run-time
+            # grants (no CREATE) can use it.
+            if self._current_version(conn) == SCHEMA_VERSION:
+                return
             if not self._create:
                 found = conn.execute(
                     "SELECT 1 FROM information_schema.tables"
@@ -183,8 +206,7 @@ class PostgresStore:
                 yield batch
             return
         with self._connection() as conn, conn.transaction():
-            if not (durable and self.durability == "full"):
-                conn.execute("SET LOCAL synchronous_commit = off")
+            conn.execute(self._sync_setting(durable))
             yield conn
 
     def _read(self, query: str, params: tuple[object, ...]) -> list[tuple[Any, ...]]:
@@ -203,8 +225,7 @@ class PostgresStore:
         results: list[tuple[bool, Any]] = []
         try:
             with self._connection() as conn, conn.transaction():
-                if not (durable and self.durability == "full"):
-                    conn.execute("SET LOCAL synchronous_commit = off")
+                conn.execute(self._sync_setting(durable))
                 self._local.conn = conn
                 try:
                     for method, kwargs in calls:
