@@ -34,7 +34,9 @@ def run_python(code: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.parametrize("doc", ["README.md", "docs/index.md", "docs/drain.md", "docs/async.md"])
+@pytest.mark.parametrize(
+    "doc", ["README.md", "docs/index.md", "docs/drain.md", "docs/async.md", "docs/hosts.md"]
+)
 def test_every_python_example_runs(doc: str, tmp_path: Path) -> None:
     """Each python block in the docs runs as written, on the default SQLite outbox."""
     blocks = python_blocks(ROOT / doc)

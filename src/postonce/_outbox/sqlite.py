@@ -221,7 +221,11 @@ class SQLiteStore:
     @contextmanager
     def _write(self, durable: bool) -> Iterator[sqlite3.Connection]:
         """One write transaction, or one savepoint inside the batch this thread runs."""
-        if getattr(self._local, "batch", False):
+        batch = getattr(self._local, "batch", None)
+        if batch == "plain":
+            yield self._conn
+            return
+        if batch == "savepoints":
             with self._savepoint() as conn:
                 yield conn
             return
@@ -263,30 +267,45 @@ class SQLiteStore:
         """
         durable = any(needs_durable(method, kwargs) for method, kwargs in calls)
         with self._lock:
-            try:
-                self._set_sync(durable)
-                self._conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
-                error = OutboxError(f"outbox write failed at {self.path}: {exc}")
-                return [(False, error) for _ in calls]
-            results: list[tuple[bool, Any]] = []
-            self._local.batch = True
-            try:
-                for method, kwargs in calls:
-                    try:
-                        results.append((True, getattr(self, method)(**kwargs)))
-                    except Exception as exc:
-                        results.append((False, exc))
-            finally:
-                self._local.batch = False
-            try:
-                self._conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                if self._conn.in_transaction:
-                    self._conn.execute("ROLLBACK")
-                error = OutboxError(f"outbox commit failed at {self.path}: {exc}")
-                return [(False, error) for _ in calls]
+            # Optimistic first: no savepoints (half the statements). If any call
+            # fails, undo the lot and run them again each in its own savepoint.
+            results = self._batch_once(calls, durable, "plain")
+            if results is None:
+                results = self._batch_once(calls, durable, "savepoints")
+            assert results is not None
             return results
+
+    def _batch_once(
+        self, calls: list[tuple[str, dict[str, Any]]], durable: bool, mode: str
+    ) -> list[tuple[bool, Any]] | None:
+        try:
+            self._set_sync(durable)
+            self._conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            error = OutboxError(f"outbox write failed at {self.path}: {exc}")
+            return [(False, error) for _ in calls]
+        results: list[tuple[bool, Any]] = []
+        self._local.batch = mode
+        try:
+            for method, kwargs in calls:
+                try:
+                    results.append((True, getattr(self, method)(**kwargs)))
+                except Exception as exc:
+                    if mode == "plain":
+                        if self._conn.in_transaction:
+                            self._conn.execute("ROLLBACK")
+                        return None
+                    results.append((False, exc))
+        finally:
+            self._local.batch = None
+        try:
+            self._conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
+            error = OutboxError(f"outbox commit failed at {self.path}: {exc}")
+            return [(False, error) for _ in calls]
+        return results
 
     def _read(self, sql: str, params: tuple[object, ...]) -> list[tuple[Any, ...]]:
         with self._lock:

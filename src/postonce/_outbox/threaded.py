@@ -12,6 +12,7 @@ your intents. Works under asyncio and trio (through anyio).
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 from collections.abc import Callable
@@ -39,6 +40,11 @@ def _notifier() -> Callable[[Callable[[], object]], object]:
     return asyncio.get_running_loop().call_soon_threadsafe
 
 
+def _wake(tickets: list[Ticket]) -> None:
+    for ticket in tickets:
+        ticket.event.set()
+
+
 @dataclass(eq=False)
 class Ticket:
     """One queued store call; ``await ticket.wait()`` gives its result or raises its error."""
@@ -49,10 +55,6 @@ class Ticket:
     event: anyio.Event = field(default_factory=anyio.Event)
     ok: bool = False
     result: Any = None
-
-    def settle(self, ok: bool, result: Any) -> None:
-        self.ok, self.result = ok, result
-        self.notify(self.event.set)
 
     async def wait(self) -> Any:
         await self.event.wait()
@@ -66,14 +68,19 @@ class StoreThread:
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self._queue: queue.SimpleQueue[Ticket | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[list[Ticket] | None] = queue.SimpleQueue()
+        self._pending: dict[Callable[[Callable[[], object]], object], list[Ticket]] = {}
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self.batches = 0  # transactions run; group commit shows as batches < calls
         self.calls = 0
 
     def submit(self, method: str, kwargs: dict[str, Any]) -> Ticket:
-        """Queue a call from async code; the ticket settles after its commit."""
+        """Queue a call from async code; the ticket settles after its commit.
+
+        Calls submitted in one turn of the event loop reach the writer
+        together, so they can share one transaction.
+        """
         if self._thread is None:
             with self._start_lock:
                 if self._thread is None:
@@ -81,9 +88,22 @@ class StoreThread:
                         target=self._run, name="postonce-outbox-writer", daemon=True
                     )
                     self._thread.start()
-        ticket = Ticket(method, kwargs, _notifier())
-        self._queue.put(ticket)
+        notify = _notifier()
+        ticket = Ticket(method, kwargs, notify)
+        with self._start_lock:
+            pending = self._pending.setdefault(notify, [])
+            pending.append(ticket)
+            first = len(pending) == 1
+        if first:
+            notify(lambda: self._flush(notify))
         return ticket
+
+    def _flush(self, notify: Callable[[Callable[[], object]], object]) -> None:
+        """Hand this loop turn's calls to the writer, all at once."""
+        with self._start_lock:
+            tickets = self._pending.pop(notify, [])
+        if tickets:
+            self._queue.put(tickets)
 
     async def call(self, method: str, kwargs: dict[str, Any]) -> Any:
         return await self.submit(method, kwargs).wait()
@@ -94,7 +114,7 @@ class StoreThread:
             first = self._queue.get()
             if first is None:
                 return
-            batch = [first]
+            batch = list(first)
             stop = False
             while len(batch) < _BATCH_MAX:
                 try:
@@ -104,7 +124,7 @@ class StoreThread:
                 if more is None:
                     stop = True
                     break
-                batch.append(more)
+                batch.extend(more)
             self.batches += 1
             self.calls += len(batch)
             if batch_runner is not None:
@@ -119,8 +139,13 @@ class StoreThread:
                         results.append((True, getattr(self.store, t.method)(**t.kwargs)))
                     except Exception as exc:
                         results.append((False, exc))
+            # One wake-up per event loop for the whole batch, not one per call.
+            by_loop: dict[Callable[[Callable[[], object]], object], list[Ticket]] = {}
             for ticket, (ok, result) in zip(batch, results, strict=True):
-                ticket.settle(ok, result)
+                ticket.ok, ticket.result = ok, result
+                by_loop.setdefault(ticket.notify, []).append(ticket)
+            for notify, tickets in by_loop.items():
+                notify(functools.partial(_wake, tickets))
             if stop:
                 return
 
