@@ -25,6 +25,7 @@ import json
 import random
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -44,29 +45,82 @@ from bench_sync import available_cpus, filesystem_of, start_server
 BODY = json.dumps({"amount": 1250, "currency": "eur", "customer": "cus_1"}).encode()
 
 
-def fill(path: Path, url: str, count: int) -> None:
+def fill(path: Path | str, url: str, count: int) -> None:
     """Write ``count`` due intents, leased by a dead owner whose lease has run out."""
-    store = postonce.SQLiteStore(path, durability="normal")
+    from postonce._outbox.locate import open_store
+
+    store = open_store(str(path), durability="normal")
     long_ago = time.time() - 3600
+    calls = []
     for i in range(count):
-        store.open_intent(
-            NewIntent(
-                reference=f"bench-{i}",
-                key=str(uuid.uuid4()),
-                key_given=False,
-                provider="ietf_draft",
-                method="POST",
-                url=url,
-                headers=(("content-type", "application/json"),),
-                body=BODY,
-                fingerprint=f"{i:064d}",
-                deadline_at=None,
-            ),
-            owner="dead/0",
-            now=long_ago,
-            lease_for=1.0,
+        calls.append(
+            (
+                "open_intent",
+                {
+                    "new": NewIntent(
+                        reference=f"bench-{i}",
+                        key=str(uuid.uuid4()),
+                        key_given=False,
+                        provider="ietf_draft",
+                        method="POST",
+                        url=url,
+                        headers=(("content-type", "application/json"),),
+                        body=BODY,
+                        fingerprint=f"{i:064d}",
+                        deadline_at=None,
+                    ),
+                    "owner": "dead/0",
+                    "now": long_ago,
+                    "lease_for": 1.0,
+                },
+            )
         )
+    run_batch = getattr(store, "run_batch")  # noqa: B009 (both stores have it)
+    for start in range(0, count, 1000):
+        run_batch(calls[start : start + 1000])
     store.close()
+
+
+_DRAIN_PROCESS = (
+    "import postonce, sys\n"
+    "client = postonce.Client(outbox=sys.argv[1])\n"
+    "print(client.drain(concurrency=int(sys.argv[2])).succeeded)\n"
+    "client.close()\n"
+)
+
+
+def time_processes(outbox: str, processes: int, concurrency: int, count: int) -> float:
+    """Intents/s with ``processes`` drain processes sharing one outbox."""
+    started = time.perf_counter()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _DRAIN_PROCESS, outbox, str(concurrency)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(processes)
+    ]
+    done = sum(int(p.communicate(timeout=600)[0].strip() or 0) for p in procs)
+    elapsed = time.perf_counter() - started
+    if done != count:
+        raise RuntimeError(f"{processes} drains finished {done} of {count}")
+    return count / elapsed
+
+
+def fresh_postgres(base: str) -> str:
+    """A PostgreSQL outbox URL in a new schema (dropped by drop_postgres)."""
+    return f"{base}?schema=bench_{uuid.uuid4().hex[:10]}"
+
+
+def drop_postgres(url: str) -> None:
+    import psycopg
+    from psycopg import sql
+
+    from postonce._outbox.locate import split_schema
+
+    base, schema = split_schema(url)
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
 
 
 def time_drain(path: Path, url: str, concurrency: int, count: int) -> float:
@@ -108,6 +162,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--dir", type=Path, default=Path(__file__).resolve().parent)
+    parser.add_argument(
+        "--processes",
+        default="",
+        help="comma-separated drain process counts (e.g. 1,2,4): measure scaling instead",
+    )
+    parser.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite")
+    parser.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432/test")
     return parser.parse_args(argv)
 
 
@@ -126,6 +187,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"command: {' '.join(sys.argv)}")
         print(f"python {sys.version.split()[0]}, cpus {cpus}, outbox fs {filesystem_of(workdir)}")
         print(f"{args.intents} intents per run, {args.repeats} repeats, server {server.url}")
+        if args.processes:
+            scaling: dict[int, float] = {}
+            for processes in [int(p) for p in args.processes.split(",")]:
+                rates: list[float] = []
+                for repeat in range(args.repeats):
+                    if args.backend == "sqlite":
+                        outbox = str(workdir / f"p{processes}-r{repeat}.sqlite3")
+                    else:
+                        outbox = fresh_postgres(args.pg)
+                    fill(outbox, server.url, args.intents)
+                    try:
+                        rates.append(time_processes(outbox, processes, levels[0], args.intents))
+                    finally:
+                        if args.backend == "postgres":
+                            drop_postgres(outbox)
+                scaling[processes] = statistics.median(rates)
+                print(
+                    f"{args.backend} {processes} process(es) x concurrency {levels[0]}: "
+                    f"{scaling[processes]:8.0f} intents/s"
+                )
+            base = scaling[min(scaling)]
+            print(
+                f"SUMMARY drain {args.backend} processes: "
+                + "  ".join(f"{p}: {v:.0f}/s (x{v / base:.2f})" for p, v in scaling.items())
+            )
+            return 0
         results: dict[int, dict[str, list[float]]] = {}
         for concurrency in levels:
             runs: dict[str, list[float]] = {"drain": [], "raw": []}

@@ -10,6 +10,7 @@ executed exactly once, none lost, none concurrent with itself.
 
 ``POSTONCE_CHAOS_SEED`` picks the seed (the fault decisions and the kill
 moments); the summary line names it, so a failing run can be repeated.
+``POSTONCE_CHAOS_CLIENT=async`` makes the worker send through AsyncClient.
 """
 
 from __future__ import annotations
@@ -235,6 +236,8 @@ FAULT_RATE = 0.2  # share of requests that get a fault, split evenly over the fi
 DELAY_HOLD = 1.0
 SERVER_DELAY = 0.005  # seconds the server takes per execution (the worker's DELAY)
 WORKER_LEASE = 0.5  # seconds; a killed worker's leases run out quickly for the drain
+# POSTONCE_CHAOS_CLIENT=async sends through AsyncClient in the worker instead of Client.
+WORKER_FLAGS = ("async",) if os.environ.get("POSTONCE_CHAOS_CLIENT") == "async" else ()
 FORWARDED = frozenset({"pass", "drop_response", "delay"})  # decisions the server sees
 
 
@@ -284,6 +287,7 @@ def start_worker(
                 str(SERVER_DELAY),
                 str(WORKER_LEASE),
                 "skip-known",
+                *WORKER_FLAGS,
             ],
             cwd=ROOT,
             stdout=stdout,
@@ -467,7 +471,8 @@ def test_chaos_run_every_intent_once_through_faults_and_kills(
     ]
     faults = " ".join(f"{k}={v}" for k, v in run.faults.items())
     print(
-        f"\nchaos: seed={SEED} intents={intents} requests={sum(counts.values())} "
+        f"\nchaos: seed={SEED} client={WORKER_FLAGS[0] if WORKER_FLAGS else 'sync'} "
+        f"intents={intents} requests={sum(counts.values())} "
         f"faults={sum(run.faults.values())} ({faults}) kills={run.kills} "
         f"(mid-request {run.kills_mid_request}) gave_up={run.gave_up} "
         f"drain_sent={run.drain_sent} lost={len(lost)} duplicated={len(duplicated)} "

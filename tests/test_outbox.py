@@ -146,24 +146,44 @@ def test_two_connections_can_create_one_new_outbox_at_once(tmp_path: Path) -> No
 
 
 def test_concurrent_opens_grant_one_lease(outbox: str) -> None:
-    """Many threads on separate connections race for one intent: exactly one holds it."""
+    """Threads on separate connections race for one intent (same key too): exactly one holds it."""
     open_store(outbox).close()
-    barrier = threading.Barrier(8)
-    leases: list[bool] = []
+    stores = [open_store(outbox) for _ in range(8)]
+    try:
+        for round_ in range(10):
+            barrier = threading.Barrier(8)
+            leases: list[bool] = []
+            errors: list[BaseException] = []
 
-    def race(i: int) -> None:
-        store = open_store(outbox)
-        barrier.wait()
-        opened = store.open_intent(new_intent(), owner=f"w{i}", now=1000.0, lease_for=60)
-        leases.append(opened.lease is not None)
-        store.close()
+            def race(
+                store: postonce.Store,
+                round_: int = round_,
+                barrier: threading.Barrier = barrier,
+                leases: list[bool] = leases,
+                errors: list[BaseException] = errors,
+            ) -> None:
+                barrier.wait()
+                try:
+                    opened = store.open_intent(
+                        new_intent(f"race-{round_}", f"k-race-{round_}"),
+                        owner=f"w{id(store)}",
+                        now=1000.0,
+                        lease_for=60,
+                    )
+                    leases.append(opened.lease is not None)
+                except BaseException as exc:
+                    errors.append(exc)
 
-    threads = [threading.Thread(target=race, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert sorted(leases) == [False] * 7 + [True]
+            threads = [threading.Thread(target=race, args=(s,)) for s in stores]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert errors == []
+            assert sorted(leases) == [False] * 7 + [True]
+    finally:
+        for store in stores:
+            store.close()
 
 
 def test_expired_lease_is_taken_over_and_the_old_owner_is_fenced(outbox: str) -> None:

@@ -255,7 +255,9 @@ class PostgresStore:
                         " lease_expires_at, claim_token)"
                         " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 0,"
                         " %s, %s, %s)"
-                        " ON CONFLICT (reference) DO NOTHING RETURNING id"
+                        # Any unique conflict (reference or key, even both at once
+                        # under concurrency) inserts nothing; which is read back.
+                        " ON CONFLICT DO NOTHING RETURNING id"
                     ),
                     (
                         new.reference,
@@ -311,8 +313,10 @@ class PostgresStore:
         self, conn: psycopg.Connection[Any], new: NewIntent, lease: Lease, now: float
     ) -> Opened:
         row = conn.execute(self._sql(_BY_REFERENCE_FOR_UPDATE), (new.reference,)).fetchone()
-        if row is None:  # deleted between our insert attempt and this read: try again
-            raise OutboxError("the intent changed while it was being opened; try again")
+        if row is None:  # not this reference: the key belongs to another intent
+            raise IntentConflict(
+                "this key already belongs to another intent", reference=new.reference, key=new.key
+            )
         record = decode_row(row)
         conflict = None
         if record.fingerprint != new.fingerprint:

@@ -327,7 +327,9 @@ class SQLiteStore:
                     " fingerprint, state, created_at, updated_at, first_delivery_at, deadline_at,"
                     " attempts, lease_owner, lease_expires_at, claim_token)"
                     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?)"
-                    " ON CONFLICT (reference) DO NOTHING",
+                    # Any unique conflict (reference or key) inserts nothing; which
+                    # one it was is read back below.
+                    " ON CONFLICT DO NOTHING",
                     (
                         new.reference,
                         new.key,
@@ -384,6 +386,10 @@ class SQLiteStore:
             f"SELECT {COLUMNS} FROM intents WHERE reference = ?",
             (new.reference,),
         ).fetchone()
+        if row is None:  # not this reference: the key belongs to another intent
+            raise IntentConflict(
+                "this key already belongs to another intent", reference=new.reference, key=new.key
+            )
         record = decode_row(row)
         conflict = None
         if record.fingerprint != new.fingerprint:

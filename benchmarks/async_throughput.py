@@ -1,0 +1,363 @@
+"""Async throughput: ``AsyncClient.post_once`` against raw ``httpx.AsyncClient.post``.
+
+Run from the repository root::
+
+    .venv/bin/python benchmarks/async_throughput.py --concurrency 1,16,64 --requests 2000
+
+Candidates, each timed as requests per second (N requests / elapsed seconds):
+
+* ``raw``: ``httpx.AsyncClient.post(url, json=body, headers={"Idempotency-Key": uuid4})``;
+* ``postonce``: ``postonce.AsyncClient(durability="full").post_once(url, json=body)``,
+  a new intent per call (no ``intent=``): one group-committed FULL write-ahead
+  commit on the outbox's writer thread, the POST, and the commit of the answer.
+
+both over two httpx transports: httpx's own (``httpx.AsyncClient(limits=...)``)
+and ``httpx_aiohttp.AiohttpTransport(limits=...)``, with
+``max_connections = max_keepalive_connections = C``.
+
+Each candidate run sends N requests from C concurrent tasks (an anyio task
+group whose C workers pull from one shared counter), after an untimed warm-up
+on the same client. Every run gets a fresh httpx client and, for postonce, a
+fresh outbox in a fresh directory. Runs are interleaved: for each repeat and
+each concurrency level, the four candidates run in an order shuffled by a
+seeded RNG, so drift hits all of them alike. The table shows the median of the
+repeats and the ratio postonce/raw, plus the writer thread's ``batches`` and
+``calls`` counters over the last timed postonce run (batches < calls is group
+commit at work).
+
+The server is ``bench_sync.py``'s raw asyncio HTTP/1.1 keep-alive server in
+its own process, pinned to the second available CPU; this process pins itself
+to the first. The server is stopped at the end, on Ctrl-C and on errors; every
+run is bounded by ``--run-timeout``. The outboxes live under a fresh
+``.tmp-async-*`` directory in ``benchmarks/`` (``--dir`` picks another parent),
+deleted at the end. Nothing is asserted about the timings: the script only prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import platform
+import random
+import shlex
+import shutil
+import signal
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Literal
+
+import aiohttp
+import anyio
+import httpx
+from httpx_aiohttp import AiohttpTransport
+
+import postonce
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_sync import BODY, ServerProcess, available_cpus, filesystem_of, start_server
+
+Kind = Literal["raw", "postonce"]
+TransportName = Literal["default", "aiohttp"]
+
+KINDS: tuple[Kind, ...] = ("raw", "postonce")
+TRANSPORTS: tuple[TransportName, ...] = ("default", "aiohttp")
+_RAM_FILESYSTEMS = frozenset({"tmpfs", "ramfs", "devtmpfs"})
+
+
+@dataclass(frozen=True)
+class Candidate:
+    kind: Kind
+    transport: TransportName
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}/{self.transport}"
+
+
+@dataclass(frozen=True)
+class RunResult:
+    rate: float  # requests per second
+    batches: int  # writer-thread transactions during the timed part (postonce only)
+    calls: int  # writer-thread store calls during the timed part (postonce only)
+
+
+@dataclass
+class Results:
+    rates: dict[tuple[int, Candidate], list[float]] = field(default_factory=dict)
+    last: dict[tuple[int, Candidate], RunResult] = field(default_factory=dict)
+
+    def add(self, concurrency: int, candidate: Candidate, result: RunResult) -> None:
+        self.rates.setdefault((concurrency, candidate), []).append(result.rate)
+        self.last[(concurrency, candidate)] = result
+
+    def median(self, concurrency: int, candidate: Candidate) -> float:
+        return statistics.median(self.rates[(concurrency, candidate)])
+
+
+# -- one candidate run -------------------------------------------------------------
+
+
+def make_http(transport: TransportName, concurrency: int) -> httpx.AsyncClient:
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    if transport == "aiohttp":
+        return httpx.AsyncClient(transport=AiohttpTransport(limits=limits))
+    return httpx.AsyncClient(limits=limits)
+
+
+def _check(response: httpx.Response, who: str) -> None:
+    if response.status_code != 201:
+        raise RuntimeError(f"{who}: expected 201 from the loopback server, got {response}")
+
+
+async def pool(call: Callable[[], Awaitable[None]], requests: int, concurrency: int) -> None:
+    """``requests`` calls from ``concurrency`` tasks pulling from one shared counter."""
+    remaining = requests
+
+    async def worker() -> None:
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1  # no await between the test and the take: no race
+            await call()
+
+    async with anyio.create_task_group() as group:
+        for _ in range(min(concurrency, requests)):
+            group.start_soon(worker)
+
+
+def _counters(client: postonce.AsyncClient | None) -> tuple[int, int]:
+    if client is None or client._thread is None:
+        return 0, 0
+    return client._thread.batches, client._thread.calls
+
+
+async def run_candidate(
+    candidate: Candidate,
+    url: str,
+    concurrency: int,
+    requests: int,
+    warmup: int,
+    workdir: Path,
+) -> RunResult:
+    """One fresh client: warm up (untimed), then time ``requests`` calls."""
+    http = make_http(candidate.transport, concurrency)
+    client: postonce.AsyncClient | None = None
+    who = f"{candidate.name} c={concurrency}"
+    try:
+        call: Callable[[], Awaitable[None]]
+        if candidate.kind == "raw":
+
+            async def raw_call() -> None:
+                response = await http.post(
+                    url, json=BODY, headers={"Idempotency-Key": str(uuid.uuid4())}
+                )
+                _check(response, who)
+
+            call = raw_call
+        else:
+            rundir = Path(
+                tempfile.mkdtemp(prefix=f"c{concurrency}-{candidate.transport}-", dir=workdir)
+            )
+            once = postonce.AsyncClient(outbox=rundir / "outbox.sqlite3", http=http)
+            client = once
+
+            async def postonce_call() -> None:
+                _check(await once.post_once(url, json=BODY), who)
+
+            call = postonce_call
+        if warmup:
+            await pool(call, warmup, concurrency)
+        batches_before, calls_before = _counters(client)
+        gc.collect()
+        started = time.perf_counter()
+        await pool(call, requests, concurrency)
+        elapsed = time.perf_counter() - started
+        batches_after, calls_after = _counters(client)
+        return RunResult(
+            requests / elapsed, batches_after - batches_before, calls_after - calls_before
+        )
+    finally:
+        with anyio.CancelScope(shield=True):
+            if client is not None:
+                await client.aclose()  # http= is ours: postonce leaves it open
+            await http.aclose()
+
+
+async def run_all(
+    args: argparse.Namespace, levels: Sequence[int], url: str, workdir: Path
+) -> Results:
+    results = Results()
+    rng = random.Random(args.seed)
+    candidates = [Candidate(kind, transport) for transport in TRANSPORTS for kind in KINDS]
+    for repeat in range(args.repeats):
+        for concurrency in levels:
+            order = list(candidates)
+            rng.shuffle(order)
+            line: list[str] = []
+            for candidate in order:
+                with anyio.fail_after(args.run_timeout):
+                    result = await run_candidate(
+                        candidate, url, concurrency, args.requests, args.warmup, workdir
+                    )
+                results.add(concurrency, candidate, result)
+                line.append(f"{candidate.name} {result.rate:.0f}/s")
+            print(f"repeat {repeat + 1} c={concurrency:<3} " + "  ".join(line), flush=True)
+    return results
+
+
+# -- output ------------------------------------------------------------------------
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "?"
+
+
+def print_facts(
+    args: argparse.Namespace,
+    workdir: Path,
+    cpus: Sequence[int],
+    pinning: str,
+    server: ServerProcess,
+) -> None:
+    fstype, mount = filesystem_of(workdir)
+    print(f"command: {shlex.join([sys.executable, *sys.argv])}")
+    print(f"python: {sys.version.split()[0]} ({platform.python_implementation()})")
+    print(f"platform: {platform.platform()}")
+    print(f"cpus: {os.cpu_count()} (available before pinning: {list(cpus)})")
+    print(f"pinning: {pinning}")
+    print(f"sqlite: {sqlite3.sqlite_version}")
+    print(
+        f"postonce: {postonce.__version__}  httpx: {httpx.__version__}  "
+        f"aiohttp: {aiohttp.__version__}  httpx-aiohttp: {_version('httpx-aiohttp')}  "
+        f"anyio: {_version('anyio')}"
+    )
+    print(f"outbox dir: {workdir} on {fstype} (mount {mount})")
+    if fstype in _RAM_FILESYSTEMS:
+        print("WARNING: the outbox dir is on a RAM filesystem: fsync is free, FULL means nothing")
+    print(f"server: bench_sync raw asyncio HTTP/1.1 keep-alive, pid {server.pid}, {server.url}")
+    print(
+        f"runs: {args.requests} timed requests (+{args.warmup} warm-up) per candidate run, "
+        f"{args.repeats} repeats, seed {args.seed}, event loop: asyncio"
+    )
+    sys.stdout.flush()
+
+
+def ratio_at(results: Results, concurrency: int, transport: TransportName) -> float:
+    once = results.median(concurrency, Candidate("postonce", transport))
+    return once / results.median(concurrency, Candidate("raw", transport))
+
+
+def report(results: Results, levels: Sequence[int]) -> None:
+    print()
+    print(
+        f"{'conc':>4}  {'transport':<9}{'raw req/s':>11}{'postonce req/s':>16}{'ratio':>8}"
+        f"{'batches':>9}{'calls':>7}{'calls/batch':>12}"
+    )
+    for concurrency in levels:
+        for transport in TRANSPORTS:
+            raw = results.median(concurrency, Candidate("raw", transport))
+            once_candidate = Candidate("postonce", transport)
+            once = results.median(concurrency, once_candidate)
+            last = results.last[(concurrency, once_candidate)]
+            per_batch = last.calls / last.batches if last.batches else 0.0
+            print(
+                f"{concurrency:>4}  {transport:<9}{raw:>11.0f}{once:>16.0f}{once / raw:>8.2f}"
+                f"{last.batches:>9}{last.calls:>7}{per_batch:>12.1f}"
+            )
+    print(
+        "(req/s: median of the repeats; batches/calls: writer thread, timed part of the "
+        "last postonce run)"
+    )
+    top = max(levels)
+    ratios = ", ".join(
+        f"{transport} x{ratio_at(results, top, transport):.2f}" for transport in TRANSPORTS
+    )
+    print(f"SUMMARY async c={top}: {ratios}")
+
+
+# -- main --------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument(
+        "--concurrency", default="1,16,64", help="comma-separated (default 1,16,64)"
+    )
+    parser.add_argument("--requests", type=int, default=2000, help="timed requests per run")
+    parser.add_argument("--warmup", type=int, default=200, help="untimed requests before each run")
+    parser.add_argument("--repeats", type=int, default=3, help="repeats (default 3)")
+    parser.add_argument("--seed", type=int, default=12345, help="seed of the candidate order")
+    parser.add_argument(
+        "--run-timeout", type=float, default=120.0, help="seconds one candidate run may take"
+    )
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="parent directory for the outboxes (a fresh subdirectory is made and removed); "
+        "default: the benchmarks/ directory",
+    )
+    args = parser.parse_args(argv)
+    try:
+        args.levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    except ValueError:
+        parser.error("--concurrency takes comma-separated integers, e.g. 1,16,64")
+    if not args.levels or min(args.levels) < 1:
+        parser.error("--concurrency levels must be >= 1")
+    if args.requests < 1 or args.warmup < 0 or args.repeats < 1 or args.run_timeout <= 0:
+        parser.error("--requests and --repeats must be >= 1, --warmup >= 0, --run-timeout > 0")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    levels: list[int] = args.levels
+    cpus = available_cpus()
+    can_pin = hasattr(os, "sched_setaffinity") and len(cpus) >= 2
+    client_cpu, server_cpu = (cpus[0], cpus[1]) if can_pin else (None, None)
+
+    parent = args.dir if args.dir is not None else Path(__file__).resolve().parent
+    parent.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix=".tmp-async-", dir=parent))
+    server: ServerProcess | None = None
+    try:
+        server = start_server(server_cpu)
+        if client_cpu is not None:
+            os.sched_setaffinity(0, {client_cpu})
+            pinning = f"client -> CPU {client_cpu}, server -> CPU {server_cpu}"
+        else:
+            pinning = f"off (only {len(cpus)} CPU available)"
+        print_facts(args, workdir, cpus, pinning, server)
+        started = time.monotonic()
+        results = asyncio.run(run_all(args, levels, server.url, workdir))
+        print(f"measured in {time.monotonic() - started:.1f} s")
+        report(results, levels)
+        return 0
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+    finally:
+        if server is not None:
+            server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds through main's finally: server stopped, dir removed
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _terminated)
+    sys.exit(main())
