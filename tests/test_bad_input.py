@@ -9,6 +9,7 @@ import sys
 import tempfile
 import textwrap
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,12 @@ class Unserialisable:
             {"content": iter([b"a"])},
             postonce.InvalidRequest,
             id="stream-body",
+        ),
+        pytest.param(
+            "ietf_draft",
+            {"deadline": datetime(2030, 1, 1)},
+            postonce.ConfigurationError,
+            id="naive-deadline",
         ),
         pytest.param(
             "ietf_draft",

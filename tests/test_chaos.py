@@ -10,7 +10,8 @@ executed exactly once, none lost, none concurrent with itself.
 
 ``POSTONCE_CHAOS_SEED`` picks the seed (the fault decisions and the kill
 moments); the summary line names it, so a failing run can be repeated.
-``POSTONCE_CHAOS_CLIENT=async`` makes the worker send through AsyncClient.
+``POSTONCE_CHAOS_CLIENT=async`` makes the worker send through AsyncClient;
+``POSTONCE_CHAOS_FAULT_RATE`` changes the fault rate (0.2).
 """
 
 from __future__ import annotations
@@ -228,7 +229,8 @@ def test_stop_ends_every_connection_even_held_ones(server: LoopbackServer) -> No
 # -- the chaos run --------------------------------------------------------------------------
 
 KILLS = 5  # SIGKILLs of the sending worker, at seeded moments
-FAULT_RATE = 0.2  # share of requests that get a fault, split evenly over the five kinds
+# The share of requests that get a fault, split evenly over the five kinds.
+FAULT_RATE = float(os.environ.get("POSTONCE_CHAOS_FAULT_RATE", "0.2"))
 # The worker's client reads with httpx's default 5 s timeout; holding each
 # delayed answer that long would make ~4 % of requests cost 5 s. The proxy
 # holds a delayed answer 1 s and then closes the connection instead: still an
@@ -472,7 +474,7 @@ def test_chaos_run_every_intent_once_through_faults_and_kills(
     faults = " ".join(f"{k}={v}" for k, v in run.faults.items())
     print(
         f"\nchaos: seed={SEED} client={WORKER_FLAGS[0] if WORKER_FLAGS else 'sync'} "
-        f"intents={intents} requests={sum(counts.values())} "
+        f"rate={FAULT_RATE} intents={intents} requests={sum(counts.values())} "
         f"faults={sum(run.faults.values())} ({faults}) kills={run.kills} "
         f"(mid-request {run.kills_mid_request}) gave_up={run.gave_up} "
         f"drain_sent={run.drain_sent} lost={len(lost)} duplicated={len(duplicated)} "

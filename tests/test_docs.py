@@ -105,3 +105,15 @@ def test_exception_tree_is_drawn_in_its_module() -> None:
     for name in _exceptions.__all__:
         assert name in doc, name
         assert issubclass(getattr(_exceptions, name), postonce.PostonceError)
+
+
+def test_bad_input_table_names_only_tests_that_exist() -> None:
+    """Every row of docs/bad-input.md points at a test (and parameter id) in the suite."""
+    table = (ROOT / "docs" / "bad-input.md").read_text()
+    refs = re.findall(r"`(tests/[\w/]+\.py)::(\w+)(?:\[([\w-]+)\])?`", table)
+    assert len(refs) >= 30
+    for path, name, param in refs:
+        source = (ROOT / path).read_text()
+        assert re.search(rf"^def {name}\(", source, re.MULTILINE), f"{path}::{name} is missing"
+        if param:
+            assert f'id="{param}"' in source, f"{path}::{name}[{param}] is missing"
