@@ -280,6 +280,25 @@ def _ambiguous_record(
     )
 
 
+def _gated(
+    sender: Sender, record: IntentRecord, lease: Lease, anchor: float | None
+) -> Generator[Effect, Any, None]:
+    """Let a send go ahead, or settle the intent as the gate says and raise."""
+    clock = sender.clock
+    stop = gate(
+        clock(),
+        anchor=anchor,
+        deadline_at=record.deadline_at,
+        provider=sender.provider,
+        policy=sender.policy,
+    )
+    if stop is not None:
+        yield StoreCall(
+            "settle", {"lease": lease, "now": clock(), "state": stop.state, "note": stop.reason}
+        )
+        raise _stop(stop, record)
+
+
 def _send_claimed(
     sender: Sender,
     record: IntentRecord,
@@ -293,18 +312,7 @@ def _send_claimed(
     claimed_anchor = record.first_delivery_at
     lease = progress.lease
 
-    stop = gate(
-        clock(),
-        anchor=anchor_before,
-        deadline_at=record.deadline_at,
-        provider=provider,
-        policy=policy,
-    )
-    if stop is not None:
-        yield StoreCall(
-            "settle", {"lease": lease, "now": clock(), "state": stop.state, "note": stop.reason}
-        )
-        raise _stop(stop, record)
+    yield from _gated(sender, record, lease, anchor_before)
     # A claim is due by definition in the drain; in the foreground, wait for a
     # due time only while it is believable: one further off than any wait the
     # policy could have asked for was written before the clock went back.
@@ -331,18 +339,8 @@ def _send_claimed(
         attempt += 1
         # Checked again before every send: a sleep can overrun (a suspended
         # process, a clock that jumped) past the horizon or the deadline.
-        stop = gate(
-            clock(),
-            anchor=claimed_anchor if progress.delivered_maybe else anchor_before,
-            deadline_at=record.deadline_at,
-            provider=provider,
-            policy=policy,
-        )
-        if stop is not None:
-            yield StoreCall(
-                "settle", {"lease": lease, "now": clock(), "state": stop.state, "note": stop.reason}
-            )
-            raise _stop(stop, record)
+        anchor_now = claimed_anchor if progress.delivered_maybe else anchor_before
+        yield from _gated(sender, record, lease, anchor_now)
         if lease.expires_at - clock() < sender.lease_seconds / 2:
             renewed = yield StoreCall(
                 "renew", {"lease": lease, "now": clock(), "until": clock() + sender.lease_seconds}
