@@ -26,8 +26,9 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -257,6 +258,14 @@ class Worker:
     def done(self) -> int:
         return sum(1 for line in self.lines() if line.startswith("done "))
 
+    def started(self) -> bool:
+        """It said ``ready`` (its outbox is open), or it already ended."""
+        return "ready" in self.lines() or self.process.poll() is not None
+
+    def reached(self, intents: int) -> bool:
+        """It finished ``intents`` intents, or it already ended."""
+        return self.done() >= intents or self.process.poll() is not None
+
 
 @dataclass
 class ChaosRun:
@@ -298,7 +307,8 @@ def start_worker(
     return Worker(process=process, stdout=out, stderr=err)
 
 
-def wait_until(deadline: float, what: str, done: Any) -> None:
+def wait_until(deadline: float, what: str, done: Callable[[], bool]) -> None:
+    """Poll ``done`` until it is true; fail once the run's hard deadline has passed."""
     while not done():
         if time.monotonic() > deadline:
             raise AssertionError(f"chaos run past its hard deadline while waiting for {what}")
@@ -306,6 +316,7 @@ def wait_until(deadline: float, what: str, done: Any) -> None:
 
 
 def sending_count(outbox: Path) -> int:
+    """Intents left ``sending`` in the outbox (a killed sender's, until their leases lapse)."""
     conn = sqlite3.connect(outbox)
     try:
         (n,) = conn.execute("SELECT count(*) FROM intents WHERE state = 'sending'").fetchone()
@@ -333,19 +344,11 @@ def run_workers(
         worker = start_worker(outbox, proxy.url, prefix, run.intents, run.workers, logs)
         run.workers += 1
         try:
-            wait_until(
-                deadline,
-                "a worker to start",
-                lambda w=worker: "ready" in w.lines() or w.process.poll() is not None,
-            )
+            wait_until(deadline, "a worker to start", worker.started)
             if run.kills < KILLS:
                 # This worker's share of the intents to finish before kill k.
                 share = targets[run.kills] - finished_before
-                wait_until(
-                    deadline,
-                    f"kill {run.kills + 1}",
-                    lambda w=worker, t=share: w.done() >= t or w.process.poll() is not None,
-                )
+                wait_until(deadline, f"kill {run.kills + 1}", partial(worker.reached, share))
                 time.sleep(rng.uniform(0.0, 0.03))
                 if worker.process.poll() is None:
                     worker.process.send_signal(signal.SIGKILL)
@@ -404,7 +407,7 @@ def test_chaos_run_every_intent_once_through_faults_and_kills(
     """
     intents = int(os.environ.get("POSTONCE_CHAOS_INTENTS", "300"))
     assert intents > KILLS
-    # A hard deadline: 90 s for the CI size (it takes ~20 s), scaled for larger runs.
+    # A hard deadline: 90 s for the CI size (it takes ~25 s), scaled for larger runs.
     budget = 90.0 * max(1.0, intents / 300)
     began = time.monotonic()
     deadline = began + budget

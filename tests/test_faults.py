@@ -75,17 +75,13 @@ def test_huge_retry_after_never_waits_past_the_horizon(make_client: ClientFactor
 
 def test_a_replay_with_another_body_is_returned_as_replayed(make_client: ClientFactory) -> None:
     """A replay whose body differs from the lost first answer is the answer: kept, marked."""
-    answers = iter(
-        [
-            httpx.ReadTimeout("first answer lost"),
-            httpx.Response(
-                200, json={"status": "COMPLETED"}, headers={"Idempotent-Replayed": "true"}
-            ),
-        ]
+    replay = httpx.Response(
+        200, json={"status": "COMPLETED"}, headers={"Idempotent-Replayed": "true"}
     )
+    answers: list[httpx.Response | Exception] = [httpx.ReadTimeout("first answer lost"), replay]
 
     def handler(request: httpx.Request) -> httpx.Response:
-        answer = next(answers)
+        answer = answers.pop(0)
         if isinstance(answer, Exception):
             raise answer
         return answer
