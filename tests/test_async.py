@@ -61,6 +61,9 @@ def test_concurrent_intents_share_commits_and_each_is_written_ahead(outbox_path:
                     group.start_soon(one, i)
             assert client._thread is not None
             thread = client._thread
+            # The outbox was opened once, not by each of the 64 first callers.
+            openers = [t for t in threading.enumerate() if t.name == "AnyIO worker thread"]
+            assert len(openers) <= 1
             return thread.batches
 
     batches = run(main)

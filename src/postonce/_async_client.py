@@ -78,16 +78,21 @@ class AsyncClient(BaseClient):
             self._http = httpx.AsyncClient(base_url=base_url, headers=headers, **httpx_options)
             self._owns_http = True
         self._thread: StoreThread | None = None
+        self._opening: anyio.Lock | None = None
 
     # -- the outbox ----------------------------------------------------------
 
     async def _store_thread(self) -> StoreThread:
         if self._thread is None:
-            store = self._store
-            if store is None:
-                store = await anyio.to_thread.run_sync(lambda: self.outbox)
-            if self._thread is None:
-                self._thread = StoreThread(store)
+            # One opener: many tasks arriving at once must not each start a thread.
+            if self._opening is None:
+                self._opening = anyio.Lock()
+            async with self._opening:
+                if self._thread is None:
+                    store = self._store
+                    if store is None:
+                        store = await anyio.to_thread.run_sync(lambda: self.outbox)
+                    self._thread = StoreThread(store)
         return self._thread
 
     async def lookup(self, intent: str) -> IntentRecord | None:
