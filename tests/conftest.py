@@ -233,3 +233,16 @@ def make_sync_client(outbox: str) -> Iterator[ClientFactory]:
     yield _factory(outbox, "sync", made)
     for client in made:
         client.close()
+
+
+def drain_env(
+    server: LoopbackServer, outbox: str | Path, worker: str, lease: float = 10
+) -> dict[str, str]:
+    """The environment tests/drain_app.py reads: server, outbox, worker name, lease."""
+    return {
+        **os.environ,
+        "POSTONCE_TEST_BASE_URL": server.base_url,
+        "POSTONCE_TEST_OUTBOX": str(outbox),
+        "POSTONCE_TEST_WORKER": worker,
+        "POSTONCE_TEST_LEASE": str(lease),
+    }

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -19,7 +18,7 @@ import postonce
 from postonce import SQLiteStore, State
 from postonce._cli import main, parse_duration
 from postonce._outbox.base import NewIntent
-from tests.conftest import FAST, LoopbackServer
+from tests.conftest import FAST, LoopbackServer, drain_env
 
 ROOT = Path(__file__).resolve().parent.parent
 ONE = FAST.model_copy(update={"attempts": 1})
@@ -235,18 +234,6 @@ def test_parse_duration_table() -> None:
 
 
 # -- the drain as a process ------------------------------------------------------------
-
-
-def drain_env(
-    server: LoopbackServer, outbox: Path, worker: str, lease: float = 10
-) -> dict[str, str]:
-    return {
-        **os.environ,
-        "POSTONCE_TEST_BASE_URL": server.base_url,
-        "POSTONCE_TEST_OUTBOX": str(outbox),
-        "POSTONCE_TEST_WORKER": worker,
-        "POSTONCE_TEST_LEASE": str(lease),
-    }
 
 
 def due_intents(

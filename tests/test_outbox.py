@@ -15,7 +15,7 @@ import pytest
 import postonce
 from postonce import SQLiteStore, State
 from postonce._intent import Outcome
-from postonce._outbox.base import AttemptRecord, NewIntent
+from postonce._outbox.base import AttemptRecord, Lease, NewIntent
 from postonce._outbox.locate import open_store
 from postonce._outbox.sqlite import SCHEMA_VERSION
 from tests.conftest import ClientFactory
@@ -33,6 +33,22 @@ def new_intent(reference: str = "r-1", key: str = "k-0000-1", body: bytes = b"{}
         body=body,
         fingerprint="f" * 64,
         deadline_at=None,
+    )
+
+
+def succeed(store: postonce.Store, lease: Lease | None, *, durable: bool = True) -> bool:
+    """Record a 2xx final answer under ``lease``, as the flow does."""
+    assert lease is not None
+    return store.record(
+        lease,
+        an_attempt(),
+        state=State.SUCCEEDED,
+        anchor=1000.0,
+        due_at=None,
+        lease_until=None,
+        response=None,
+        note=None,
+        durable=durable,
     )
 
 
@@ -197,17 +213,7 @@ def test_expired_lease_is_taken_over_and_the_old_owner_is_fenced(outbox: str) ->
     assert late.lease is not None
     assert late.record.key == first.record.key
     assert late.anchor_before == 1000.0
-    stale = a.record(
-        first.lease,
-        an_attempt(),
-        state=State.SUCCEEDED,
-        anchor=1000.0,
-        due_at=None,
-        lease_until=None,
-        response=None,
-        note=None,
-        durable=True,
-    )
+    stale = succeed(a, first.lease, durable=True)
     assert stale is False
     assert a.release(first.lease, now=1012.0, due_at=None, anchor=None) is False
     assert a.settle(first.lease, now=1012.0, state=State.EXPIRED, note="x") is False
@@ -216,17 +222,7 @@ def test_expired_lease_is_taken_over_and_the_old_owner_is_fenced(outbox: str) ->
     assert record is not None
     assert record.state is State.SENDING
     assert record.lease_owner == "b"
-    assert b.record(
-        late.lease,
-        an_attempt(),
-        state=State.SUCCEEDED,
-        anchor=1000.0,
-        due_at=None,
-        lease_until=None,
-        response=None,
-        note=None,
-        durable=True,
-    )
+    assert succeed(b, late.lease, durable=True)
     a.close()
     b.close()
 
@@ -236,17 +232,7 @@ def test_terminal_intents_are_not_claimed(outbox: str) -> None:
     store = open_store(outbox)
     opened = store.open_intent(new_intent(), owner="a", now=1000.0, lease_for=10)
     assert opened.lease is not None
-    store.record(
-        opened.lease,
-        an_attempt(),
-        state=State.SUCCEEDED,
-        anchor=1000.0,
-        due_at=None,
-        lease_until=None,
-        response=None,
-        note=None,
-        durable=True,
-    )
+    succeed(store, opened.lease, durable=True)
     again = store.open_intent(new_intent(), owner="b", now=2000.0, lease_for=10)
     assert again.lease is None
     assert again.record.state is State.SUCCEEDED
@@ -262,17 +248,7 @@ def test_write_ahead_is_full_sync_and_a_2xx_record_is_not(outbox_path: Path) -> 
     assert opened.lease is not None
     write_ahead = trace[: trace.index("COMMIT") + 1]
     trace.clear()
-    store.record(
-        opened.lease,
-        an_attempt(),
-        state=State.SUCCEEDED,
-        anchor=1000.0,
-        due_at=None,
-        lease_until=None,
-        response=None,
-        note=None,
-        durable=False,
-    )
+    succeed(store, opened.lease, durable=False)
     completion = list(trace)
     store.close()
     assert write_ahead[0] == "PRAGMA synchronous = FULL"

@@ -7,7 +7,6 @@ The client, outbox, drain and end-to-end suites already run on PostgreSQL too
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -28,7 +27,7 @@ from postonce import State
 from postonce._outbox.base import NewIntent
 from postonce._outbox.locate import split_schema
 from postonce._outbox.postgres import MIGRATIONS, SCHEMA_VERSION, PostgresStore
-from tests.conftest import FAST, PG_URL, LoopbackServer, pg_schema
+from tests.conftest import FAST, PG_URL, LoopbackServer, drain_env, pg_schema
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -237,13 +236,7 @@ def test_connections_dropped_during_a_drain_lose_nothing(
 
 
 def drain_process(url: str, server: LoopbackServer, name: str) -> subprocess.Popen[str]:
-    env = {
-        **os.environ,
-        "POSTONCE_TEST_BASE_URL": server.base_url,
-        "POSTONCE_TEST_OUTBOX": url,
-        "POSTONCE_TEST_WORKER": name,
-        "POSTONCE_TEST_LEASE": "2",
-    }
+    env = drain_env(server, url, name, lease=2)
     return subprocess.Popen(
         [
             sys.executable,
@@ -377,3 +370,22 @@ def test_a_role_with_run_time_grants_only_uses_a_current_outbox(pg_outbox: str) 
         with psycopg.connect(PG_URL, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP OWNED BY {}").format(ident))
             conn.execute(sql.SQL("DROP ROLE {}").format(ident))
+
+
+def test_a_one_shot_drain_reports_a_lost_database(pg_outbox: str) -> None:
+    """drain() without forever raises the OutboxError of a failed claim; it does not hide it."""
+    app_name = f"postonce-once-{uuid.uuid4().hex[:8]}"
+    base, schema = split_schema(f"{pg_outbox}&application_name={app_name}")
+    store = PostgresStore(base, schema=schema, min_size=1, max_size=1, check_connections=False)
+    store.get("warm")  # the pool's one connection is open and idle
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+            (app_name,),
+        )
+    client = postonce.Client("http://api.test", outbox=store)
+    with pytest.raises(postonce.OutboxError):
+        client.drain()
+    assert client.drain().claimed == 0  # reconnected
+    client.close()
+    store.close()

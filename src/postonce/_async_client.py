@@ -8,17 +8,16 @@ and on trio through anyio.
 
 from __future__ import annotations
 
-import logging
 import time
-from collections.abc import Callable, Collection, Generator, Sequence
+from collections.abc import Callable, Collection, Generator
 from typing import Any
 
 import anyio
 import httpx
 from typing_extensions import Unpack
 
-from ._base import BaseClient, DeadlineInput, OnceOptions, named
-from ._drain import JUST_BEFORE, DrainReport, Tally, count_outcome
+from ._base import BaseClient, OnceOptions, named
+from ._drain import JUST_BEFORE, DrainReport, Tally, claim_failed, count_outcome
 from ._exceptions import ConfigurationError, OutboxError, PostonceError
 from ._flow import Abandoned, Effect, Send, Sleep, StoreCall, run
 from ._intent import IntentRecord
@@ -27,12 +26,10 @@ from ._outbox.locate import OutboxSpec
 from ._outbox.sqlite import Durability
 from ._outbox.threaded import StoreThread
 from ._policy import RetryPolicy
-from ._wire import UNSET, HeaderInput
+from ._wire import HeaderInput
 from .providers import Provider
 
 __all__ = ["AsyncClient"]
-
-logger = logging.getLogger("postonce")
 
 
 class AsyncClient(BaseClient):
@@ -70,13 +67,10 @@ class AsyncClient(BaseClient):
             lease_seconds=lease_seconds,
             clock=clock,
         )
-        self._check_http(http, base_url, headers, httpx_options)
-        if http is not None:
-            self._http: httpx.AsyncClient = http
-            self._owns_http = False
-        else:
-            self._http = httpx.AsyncClient(base_url=base_url, headers=headers, **httpx_options)
-            self._owns_http = True
+        self._http: httpx.AsyncClient
+        self._http, self._owns_http = self._own_http(
+            http, httpx.AsyncClient, base_url, headers, httpx_options
+        )
         self._thread: StoreThread | None = None
         self._opening: anyio.Lock | None = None
 
@@ -108,19 +102,7 @@ class AsyncClient(BaseClient):
         self,
         method: str,
         url: httpx.URL | str,
-        *,
-        intent: str | None = None,
-        key: str | None = None,
-        json: Any = UNSET,
-        content: Any = UNSET,
-        data: Any = UNSET,
-        params: Any = None,
-        headers: HeaderInput = None,
-        timeout: Any = httpx.USE_CLIENT_DEFAULT,
-        provider: str | Provider | None = None,
-        retry: RetryPolicy | None = None,
-        deadline: DeadlineInput = None,
-        fingerprint_fields: Sequence[str] | None = None,
+        **options: Unpack[OnceOptions],
     ) -> httpx.Response:
         """Send ``method url`` once per intent; see :meth:`postonce.Client.request_once`.
 
@@ -128,22 +110,7 @@ class AsyncClient(BaseClient):
         a send that may have been written is recorded as ambiguous and left
         pending for the drain; a claim that sent nothing is released.
         """
-        prepared, sender, new = self._plan(
-            method,
-            url,
-            intent=intent,
-            key=key,
-            json=json,
-            content=content,
-            data=data,
-            params=params,
-            headers=headers,
-            timeout=timeout,
-            provider=provider,
-            retry=retry,
-            deadline=deadline,
-            fingerprint_fields=fingerprint_fields,
-        )
+        prepared, sender, new = self._plan(method, url, **options)
         try:
             thread = await self._store_thread()
         except PostonceError as exc:
@@ -283,11 +250,7 @@ class AsyncClient(BaseClient):
             try:
                 claimed: list[Opened] = await thread.call(call.method, call.kwargs)
             except OutboxError:
-                if not forever:
-                    raise
-                # A worker outlives a database restart: say so, wait, try again.
-                logger.exception("drain: cannot claim due intents; retrying in %ss", interval)
-                tally.add("errors")
+                claim_failed(tally, forever=forever, interval=interval)
                 with anyio.move_on_after(interval):
                     await stop.wait()
                 continue

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Generator, Sequence
 from datetime import datetime, timedelta
-from typing import Any, TypedDict
+from typing import Any, TypedDict, TypeVar
 
 import httpx
 
@@ -33,6 +33,7 @@ __all__ = ["BaseClient", "DeadlineInput", "OnceOptions", "named"]
 logger = logging.getLogger("postonce")
 
 DeadlineInput = datetime | timedelta | None
+HttpT = TypeVar("HttpT", httpx.Client, httpx.AsyncClient)
 
 
 class OnceOptions(TypedDict, total=False):
@@ -108,13 +109,21 @@ class BaseClient:
         self._clock: Callable[[], float] = clock if clock is not None else time.time
 
     @staticmethod
-    def _check_http(
-        http: object, base_url: object, headers: object, options: dict[str, Any]
-    ) -> None:
-        if http is not None and (options or headers is not None or base_url):
+    def _own_http(
+        http: HttpT | None,
+        make: Callable[..., HttpT],
+        base_url: httpx.URL | str,
+        headers: HeaderInput,
+        options: dict[str, Any],
+    ) -> tuple[HttpT, bool]:
+        """The caller's httpx client (theirs to close), or one built here (ours)."""
+        if http is None:
+            return make(base_url=base_url, headers=headers, **options), True
+        if options or headers is not None or base_url:
             raise ConfigurationError(
                 "pass base_url, headers and httpx options to your httpx client, not beside http="
             )
+        return http, False
 
     # -- the outbox ----------------------------------------------------------
 

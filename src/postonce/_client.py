@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Collection, Generator, Sequence
+from collections.abc import Callable, Collection, Generator
 from typing import Any
 
 import httpx
 from typing_extensions import Unpack
 
-from ._base import BaseClient, DeadlineInput, OnceOptions, named
+from ._base import BaseClient, OnceOptions, named
 from ._drain import DrainReport, Tally, count_outcome, run_drain, stop_on_signals
 from ._exceptions import ConfigurationError, OutboxError, PostonceError
 from ._flow import Abandoned, Effect, Send, Sleep, StoreCall, run
@@ -19,7 +19,7 @@ from ._outbox.base import Opened, Store
 from ._outbox.locate import OutboxSpec
 from ._outbox.sqlite import Durability
 from ._policy import RetryPolicy
-from ._wire import UNSET, HeaderInput
+from ._wire import HeaderInput
 from .providers import Provider
 
 __all__ = ["Client"]
@@ -68,13 +68,10 @@ class Client(BaseClient):
             lease_seconds=lease_seconds,
             clock=clock,
         )
-        self._check_http(http, base_url, headers, httpx_options)
-        if http is not None:
-            self._http: httpx.Client = http
-            self._owns_http = False
-        else:
-            self._http = httpx.Client(base_url=base_url, headers=headers, **httpx_options)
-            self._owns_http = True
+        self._http: httpx.Client
+        self._http, self._owns_http = self._own_http(
+            http, httpx.Client, base_url, headers, httpx_options
+        )
 
     # -- the outbox ----------------------------------------------------------
 
@@ -88,22 +85,13 @@ class Client(BaseClient):
         self,
         method: str,
         url: httpx.URL | str,
-        *,
-        intent: str | None = None,
-        key: str | None = None,
-        json: Any = UNSET,
-        content: Any = UNSET,
-        data: Any = UNSET,
-        params: Any = None,
-        headers: HeaderInput = None,
-        timeout: Any = httpx.USE_CLIENT_DEFAULT,
-        provider: str | Provider | None = None,
-        retry: RetryPolicy | None = None,
-        deadline: DeadlineInput = None,
-        fingerprint_fields: Sequence[str] | None = None,
+        **options: Unpack[OnceOptions],
     ) -> httpx.Response:
         """Send ``method url`` once per intent; return the one true answer.
 
+        Takes httpx's ``json``, ``content``, ``data``, ``params``, ``headers``
+        and ``timeout``, and postonce's ``intent``, ``key``, ``provider``,
+        ``retry``, ``deadline`` and ``fingerprint_fields`` (see ``OnceOptions``).
         ``intent`` names what you want done once (``"order-1234/charge"``);
         without it the call is its own intent. The intent is committed to the
         outbox before the first send. A final answer (2xx, or a 4xx such as
@@ -116,22 +104,7 @@ class Client(BaseClient):
         :class:`IdempotencyKeyMismatch`, :class:`IntentConflict`, or
         :class:`InvalidRequest` / :class:`OutboxError` before anything is sent.
         """
-        prepared, sender, new = self._plan(
-            method,
-            url,
-            intent=intent,
-            key=key,
-            json=json,
-            content=content,
-            data=data,
-            params=params,
-            headers=headers,
-            timeout=timeout,
-            provider=provider,
-            retry=retry,
-            deadline=deadline,
-            fingerprint_fields=fingerprint_fields,
-        )
+        prepared, sender, new = self._plan(method, url, **options)
         try:
             store = self.outbox
         except PostonceError as exc:

@@ -32,7 +32,7 @@ from ._exceptions import (
 from ._intent import State
 from ._outbox.base import Opened
 
-__all__ = ["JUST_BEFORE", "DrainReport", "Tally", "run_drain"]
+__all__ = ["JUST_BEFORE", "DrainReport", "Tally", "claim_failed", "run_drain"]
 
 logger = logging.getLogger("postonce")
 
@@ -99,6 +99,18 @@ def count_outcome(tally: Tally, outcome: object) -> None:
             tally.add("replayed")
 
 
+def claim_failed(tally: Tally, *, forever: bool, interval: float) -> None:
+    """A claim failed (the database went away): a one-shot drain raises, a worker goes on.
+
+    Call from inside the ``except OutboxError`` block; a worker then waits
+    ``interval`` and tries again.
+    """
+    if not forever:
+        raise  # the OutboxError being handled by the caller
+    logger.exception("drain: cannot claim due intents; retrying in %ss", interval)
+    tally.add("errors")
+
+
 @contextmanager
 def stop_on_signals(stop: threading.Event) -> Iterator[None]:
     """SIGTERM and SIGINT ask the drain to stop after the attempts in flight.
@@ -159,11 +171,7 @@ def run_drain(
             try:
                 claimed = claim(clock() if forever else started - JUST_BEFORE, batch)
             except OutboxError:
-                if not forever:
-                    raise
-                # A worker outlives a database restart: say so, wait, try again.
-                logger.exception("drain: cannot claim due intents; retrying in %ss", interval)
-                tally.add("errors")
+                claim_failed(tally, forever=forever, interval=interval)
                 stop.wait(interval)
                 continue
             if not claimed:
