@@ -21,7 +21,7 @@ from ._drain import JUST_BEFORE, DrainReport, Tally, claim_failed, count_outcome
 from ._exceptions import ConfigurationError, OutboxError, PostonceError
 from ._flow import Abandoned, Effect, Send, Sleep, StoreCall, run
 from ._intent import IntentRecord
-from ._outbox.base import Opened
+from ._outbox.base import Opened, Store
 from ._outbox.locate import OutboxSpec
 from ._outbox.sqlite import Durability
 from ._outbox.threaded import StoreThread
@@ -75,6 +75,13 @@ class AsyncClient(BaseClient):
         self._opening: anyio.Lock | None = None
 
     # -- the outbox ----------------------------------------------------------
+
+    @property
+    def outbox(self) -> Store:
+        """The outbox store, opened on first use (records queued behind calls committed first)."""
+        if self._thread is not None:
+            self._thread.wait_behind()
+        return super().outbox
 
     async def _store_thread(self) -> StoreThread:
         if self._thread is None:
@@ -161,6 +168,9 @@ class AsyncClient(BaseClient):
                     value = await self._http.send(effect.request)
                 elif isinstance(effect, Sleep):
                     await anyio.sleep(effect.seconds)
+                elif effect.behind:
+                    thread.submit(effect.method, effect.kwargs, behind=True)
+                    value = True
                 else:
                     ticket = thread.submit(effect.method, effect.kwargs)
                     with anyio.CancelScope(shield=cancelled is not None):

@@ -184,7 +184,13 @@ class BaseClient:
             secret_names=self._secret_names,
             fingerprint_fields=fingerprint_fields,
         )
-        sender = self._sender(profile, retry, timeout, prepared.secret_headers)
+        sender = self._sender(
+            profile,
+            retry,
+            timeout,
+            prepared.secret_headers,
+            None if prepared.parsed_url is None else (prepared.url, prepared.parsed_url),
+        )
         new = NewIntent(
             reference=prepared.reference,
             key=prepared.key,
@@ -205,6 +211,7 @@ class BaseClient:
         retry: RetryPolicy | None = None,
         timeout: Any = httpx.USE_CLIENT_DEFAULT,
         secret_headers: tuple[tuple[str, str], ...] = (),
+        parsed_url: tuple[str, httpx.URL] | None = None,
     ) -> Sender:
         return Sender(
             provider=provider,
@@ -215,6 +222,7 @@ class BaseClient:
             build_request=self._http.build_request,
             timeout=timeout,
             secret_headers=secret_headers,
+            parsed_url=parsed_url,
         )
 
     def _drain_flow(self, opened: Opened) -> Generator[Effect, Any, httpx.Response]:

@@ -16,6 +16,7 @@ from ._exceptions import ConfigurationError, OutboxError, PostonceError
 from ._flow import Abandoned, Effect, Send, Sleep, StoreCall, run
 from ._intent import IntentRecord
 from ._outbox.base import Opened, Store
+from ._outbox.behind import WriteBehind
 from ._outbox.locate import OutboxSpec
 from ._outbox.sqlite import Durability
 from ._policy import RetryPolicy
@@ -72,12 +73,32 @@ class Client(BaseClient):
         self._http, self._owns_http = self._own_http(
             http, httpx.Client, base_url, headers, httpx_options
         )
+        self._writer: WriteBehind | None = None
 
     # -- the outbox ----------------------------------------------------------
 
+    @property
+    def outbox(self) -> Store:
+        """The outbox store, opened on first use (records queued behind calls committed first)."""
+        if self._writer is not None:
+            self._writer.flush()
+        return super().outbox
+
+    def _writer_for(self) -> WriteBehind:
+        """The outbox behind its write-behind queue, opened on first use."""
+        writer = self._writer
+        if writer is None:
+            store = super().outbox
+            with self._open_lock:
+                if self._writer is None:
+                    self._writer = WriteBehind(store)
+                writer = self._writer
+        return writer
+
     def lookup(self, intent: str) -> IntentRecord | None:
         """The stored intent with this reference, or None."""
-        return self.outbox.get(intent)
+        record: IntentRecord | None = self._writer_for().call("get", {"reference": intent})
+        return record
 
     # -- requests ------------------------------------------------------------
 
@@ -106,18 +127,18 @@ class Client(BaseClient):
         """
         prepared, sender, new = self._plan(method, url, **options)
         try:
-            store = self.outbox
+            writer = self._writer if self._writer is not None else self._writer_for()
         except PostonceError as exc:
             raise named(exc, prepared.reference, prepared.key) from exc
         response: httpx.Response = self._drive(
-            run(sender, new), store, prepared.reference, prepared.key
+            run(sender, new), writer, prepared.reference, prepared.key
         )
         return response
 
     def _drive(
         self,
         flow: Generator[Effect, Any, Any],
-        store: Store,
+        writer: WriteBehind,
         reference: str,
         key: str,
         on_send: Callable[[], None] | None = None,
@@ -153,8 +174,11 @@ class Client(BaseClient):
                     value = self._http.send(effect.request)
                 elif isinstance(effect, Sleep):
                     time.sleep(effect.seconds)
+                elif effect.behind:
+                    writer.defer(effect.method, effect.kwargs)
+                    value = True
                 else:
-                    value = getattr(store, effect.method)(**effect.kwargs)
+                    value = writer.call(effect.method, effect.kwargs)
             except Exception as exc:
                 error = exc
             except KeyboardInterrupt as exc:
@@ -203,13 +227,13 @@ class Client(BaseClient):
         """
         if concurrency < 1 or interval <= 0:
             raise ConfigurationError("drain needs concurrency >= 1 and interval > 0")
-        store = self.outbox
+        writer = self._writer_for()
         tally = Tally()
         stop = stop if stop is not None else threading.Event()
 
         def claim(due_by: float, limit: int) -> list[Opened]:
             call = self._claim_call(due_by, limit)
-            claimed: list[Opened] = getattr(store, call.method)(**call.kwargs)
+            claimed: list[Opened] = writer.call(call.method, call.kwargs)
             return claimed
 
         def process(opened: Opened) -> None:
@@ -217,7 +241,7 @@ class Client(BaseClient):
             try:
                 outcome: object = self._drive(
                     self._drain_flow(opened),
-                    store,
+                    writer,
                     record.reference,
                     record.key,
                     lambda: tally.add("sent"),
@@ -227,7 +251,7 @@ class Client(BaseClient):
             count_outcome(tally, outcome)
 
         def release(opened: Opened) -> None:
-            self._drive(self._release_flow(opened), store, opened.record.reference, "")
+            self._drive(self._release_flow(opened), writer, opened.record.reference, "")
 
         with stop_on_signals(stop):
             return run_drain(
@@ -249,6 +273,9 @@ class Client(BaseClient):
         """Close the httpx client and the outbox, where this client opened them."""
         if self._owns_http:
             self._http.close()
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
         if self._owns_store and self._store is not None:
             self._store.close()
             self._store = None

@@ -57,10 +57,17 @@ logger = logging.getLogger("postonce")
 
 @dataclass(frozen=True, slots=True)
 class StoreCall:
-    """Call ``store.<method>(**kwargs)``; resume with its result."""
+    """Call ``store.<method>(**kwargs)``; resume with its result.
+
+    ``behind``: nobody needs the result (the record of a 2xx answer), so a
+    shell may commit it behind the caller and resume at once with ``True``.
+    Losing it to a crash leaves the intent ``sending`` under a lease; the
+    drain re-sends the same key and the provider replays the answer.
+    """
 
     method: str
     kwargs: dict[str, Any]
+    behind: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +97,8 @@ class Sender:
     build_request: Callable[..., httpx.Request]
     timeout: Any  # an httpx timeout, or httpx's USE_CLIENT_DEFAULT
     secret_headers: tuple[tuple[str, str], ...] = ()  # memory only, never stored
+    # The URL this call planned, parsed once: used when the stored URL is the same.
+    parsed_url: tuple[str, httpx.URL] | None = None
 
 
 def _annotate(response: httpx.Response, info: IntentInfo) -> httpx.Response:
@@ -335,6 +344,9 @@ def _send_claimed(
     attempt = record.attempts
     attempts_left = policy.attempts
     headers = wire_headers(record.headers, sender.secret_headers, record.key, provider)
+    parsed = sender.parsed_url
+    same_url = parsed is not None and parsed[0] == record.url
+    url: httpx.URL | str = parsed[1] if parsed is not None and same_url else record.url
     while True:
         attempt += 1
         # Checked again before every send: a sleep can overrun (a suspended
@@ -353,7 +365,7 @@ def _send_claimed(
                 )
             lease = progress.lease = renewed
         request = sender.build_request(
-            record.method, record.url, content=record.body, headers=headers, timeout=sender.timeout
+            record.method, url, content=record.body, headers=headers, timeout=sender.timeout
         )
         sent_at = progress.sent_at = clock()
         response: httpx.Response | None = None
@@ -428,6 +440,9 @@ def _send_claimed(
                 "note": step.reason or None,
                 "durable": durable,
             },
+            # Nobody waits on a 2xx record: the answer is in hand, and a lost
+            # record is repaired by the provider's replay.
+            behind=step.kind is StepKind.FINISH and not durable,
         )
         info = IntentInfo(
             reference=record.reference,

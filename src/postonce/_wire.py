@@ -49,6 +49,7 @@ class Prepared:
     secret_headers: tuple[tuple[str, str], ...]  # this call's secrets: memory only
     body: bytes
     fingerprint: str
+    parsed_url: httpx.URL | None = None  # ``url`` parsed, so a send need not parse it again
 
 
 def _encode_body(
@@ -198,6 +199,7 @@ def prepare(
         secret_headers=tuple(secret),
         body=body,
         fingerprint=digest,
+        parsed_url=merged,
     )
 
 

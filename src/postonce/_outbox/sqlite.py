@@ -91,9 +91,14 @@ def _v1(db: sqlite_utils.Database) -> None:
     )
     db.table("intents").create_index(["reference"], index_name="intents_reference", unique=True)
     db.table("intents").create_index(["key"], index_name="intents_key", unique=True)
-    db.table("intents").create_index(["state", "due_at"], index_name="intents_due")
-    db.table("intents").create_index(["state", "lease_expires_at"], index_name="intents_lease")
-    db.table("intents").create_index(["state", "updated_at"], index_name="intents_age")
+    # Partial indexes: only the few rows a claim looks for are in them, so a
+    # call that succeeds touches one of them twice (in, then out of "sending")
+    # and the claim stays as fast at a million finished rows as at ten thousand.
+    # claim_due spells these states as literals so the planner can use them.
+    # (purge and stats scan: they are operator commands, not the hot path.)
+    db.execute("CREATE INDEX intents_due ON intents (due_at) WHERE state = 'pending'")
+    db.execute("CREATE INDEX intents_touched ON intents (updated_at) WHERE state = 'pending'")
+    db.execute("CREATE INDEX intents_lease ON intents (lease_expires_at) WHERE state = 'sending'")
     db.table("attempts").create(
         {
             "id": int,

@@ -1,0 +1,150 @@
+"""Write-behind for the blocking client: the record of a 2xx answer leaves the hot path.
+
+A flow marks a store call ``behind`` when nobody waits for its result: the
+record of a final 2xx answer. Such a call is queued here and committed by a
+thread of its own (named ``postonce-outbox-behind``) while the caller goes on,
+usually while its next request is on the wire. If the caller's next store
+call comes first, the queued calls ride in the same transaction as that call
+(one commit for both).
+
+Why losing one is safe: until it commits, the intent is ``sending`` under a
+lease. If the process dies in that window, the lease expires and the drain
+sends the same key again, and the provider replays the stored answer. That is
+the repair a ``synchronous=NORMAL`` commit already relies on after a power cut;
+write-behind only widens the window from "the last few commits before a power
+cut" to "the last milliseconds before a crash".
+
+Read-your-writes holds within the process: every other call first commits what
+is queued, in order, under the same lock, so a second ``post_once`` of the same
+intent finds it finished. :meth:`flush` (called by ``Client.outbox`` and
+``Client.close``) commits the queue at once.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+import weakref
+from typing import Any
+
+from .base import Store
+
+__all__ = ["WriteBehind"]
+
+logger = logging.getLogger("postonce")
+
+Call = tuple[str, dict[str, Any]]
+
+_LIVE: weakref.WeakSet[WriteBehind] = weakref.WeakSet()
+
+
+@atexit.register
+def _flush_all() -> None:
+    """At interpreter exit, commit what unclosed clients still hold."""
+    for writer in list(_LIVE):
+        writer.flush()
+
+
+class WriteBehind:
+    """Runs a store's calls in order; calls nobody waits for are committed behind the caller."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._queue: list[Call] = []
+        self._wake = threading.Condition()
+        self._run_lock = threading.Lock()  # held while queued calls run: keeps them in order
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        _LIVE.add(self)
+
+    def defer(self, method: str, kwargs: dict[str, Any]) -> None:
+        """Queue a call whose result nobody needs; it commits within moments."""
+        with self._wake:
+            if self._closed:
+                closed = True
+            else:
+                closed = False
+                self._queue.append((method, kwargs))
+                if self._thread is None:
+                    self._thread = threading.Thread(
+                        target=self._loop, name="postonce-outbox-behind", daemon=True
+                    )
+                    self._thread.start()
+                self._wake.notify()
+        if closed:  # after close: nothing will flush it, so run it now
+            self.call(method, kwargs)
+
+    def call(self, method: str, kwargs: dict[str, Any]) -> Any:
+        """Run a call after everything queued before it; return its result or raise."""
+        with self._run_lock:
+            queued = self._take()
+            if not queued:
+                return getattr(self.store, method)(**kwargs)
+            ok, result = self._run([*queued, (method, kwargs)], deferred=len(queued))[-1]
+        if not ok:
+            raise result
+        return result
+
+    def flush(self) -> None:
+        """Commit every queued call now."""
+        with self._run_lock:
+            queued = self._take()
+            if queued:
+                self._run(queued, deferred=len(queued))
+
+    def _take(self) -> list[Call]:
+        with self._wake:
+            queued, self._queue = self._queue, []
+        return queued
+
+    def _run(self, calls: list[Call], *, deferred: int) -> list[tuple[bool, Any]]:
+        """Run calls in one transaction where the store can; the first ``deferred`` were queued."""
+        batch = getattr(self.store, "run_batch", None)
+        results: list[tuple[bool, Any]]
+        if batch is not None:
+            try:
+                results = batch(calls)
+            except Exception as exc:
+                results = [(False, exc)] * len(calls)
+        else:
+            results = []
+            for method, kwargs in calls:
+                try:
+                    results.append((True, getattr(self.store, method)(**kwargs)))
+                except Exception as exc:
+                    results.append((False, exc))
+        # A queued call that failed has nobody to tell but the log: its intent
+        # stays sending, and the drain re-sends the same key for the replay.
+        for (method, _), (ok, result) in zip(calls[:deferred], results, strict=False):
+            if not ok:
+                logger.warning(
+                    "outbox: a deferred %s failed (%s); the intent stays sending and the "
+                    "drain will confirm it with the same key",
+                    method,
+                    result,
+                )
+        return results
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while not self._queue and not self._closed:
+                    self._wake.wait()
+                if self._closed and not self._queue:
+                    return
+            try:
+                self.flush()
+            except Exception:  # pragma: no cover - _run catches store errors
+                logger.exception("outbox: the write-behind thread failed")
+
+    def close(self) -> None:
+        """Commit what is queued and stop the thread."""
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join()
+        self.flush()
+        _LIVE.discard(self)
