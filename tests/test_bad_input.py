@@ -9,7 +9,7 @@ import sys
 import tempfile
 import textwrap
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +108,19 @@ def test_unknown_provider_at_construction_is_a_configuration_error() -> None:
     """Client(provider=...) with an unknown name fails at once, listing the known ones."""
     with pytest.raises(postonce.UnknownProvider, match="stripe"):
         postonce.Client("http://api.test", provider="strip")
+
+
+def test_profile_that_rejects_minted_keys_says_so(make_sync_client: ClientFactory) -> None:
+    """A custom profile no UUIDv4 satisfies: a ConfigurationError that says pass key=."""
+    strict = postonce.Provider(
+        name="ledger", key_field="X-Key", key_pattern=r"req_[a-z0-9]+", retention=timedelta(days=1)
+    )
+    never = Never()
+    client = make_sync_client(provider=strict, transport=httpx.MockTransport(never))
+    with pytest.raises(postonce.ConfigurationError, match="pass key=") as exc:
+        client.post_once("https://api.test/c", json={}, intent="order-7/charge")
+    assert exc.value.reference == "order-7/charge"
+    assert never.sent == []
 
 
 def test_outbox_that_is_not_sqlite(make_sync_client: ClientFactory, tmp_path: Path) -> None:

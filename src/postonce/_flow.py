@@ -180,6 +180,7 @@ def run(sender: Sender, new: NewIntent) -> Generator[Effect, Any, httpx.Response
     ends_at = clock() + policy.timeout if policy.timeout is not None else None
 
     # The write-ahead: nothing is sent until this commit holds the intent and our lease.
+    polls = 0
     while True:
         opened = yield StoreCall(
             "open_intent",
@@ -194,9 +195,12 @@ def run(sender: Sender, new: NewIntent) -> Generator[Effect, Any, httpx.Response
             break
         if record.state in TERMINAL:
             return from_outbox(record)
-        # Another sender holds the lease: wait for it to finish or to die.
+        # Another sender holds the lease: look again soon (it is usually about to
+        # finish), then less often, until it finishes or its lease runs out.
         now = clock()
-        wait = min(max(0.0, (record.lease_expires_at or now) - now), policy.in_flight_max)
+        lease_left = max(0.0, (record.lease_expires_at or now) - now)
+        wait = min(lease_left, policy.in_flight_initial * 2.0**polls, policy.in_flight_max)
+        polls += 1
         if ends_at is not None and now + wait > ends_at:
             raise IntentPending(
                 "another worker is sending this intent",

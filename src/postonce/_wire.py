@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from ._exceptions import InvalidKey, InvalidRequest
+from ._exceptions import ConfigurationError, InvalidKey, InvalidRequest
 from ._keys import check_key, fingerprint, mint_key
 from .providers import Provider
 
@@ -148,7 +148,18 @@ def prepare(
         key = _adopt(found if isinstance(found, str) else repr(found), key, "body", intent)
         json = {k: v for k, v in json.items() if k != field}
     key_given = key is not None
-    key = check_key(key if key is not None else mint_key(), provider, reference=intent)
+    if key is not None:
+        key = check_key(key, provider, reference=intent)
+    else:
+        try:
+            key = check_key(mint_key(), provider, reference=intent)
+        except InvalidKey as exc:
+            raise ConfigurationError(
+                f"the {provider.name} profile's key rules reject the UUIDv4 keys postonce "
+                f"mints ({exc.message}); pass key= with a key of your own on every call, "
+                "or relax the profile",
+                reference=intent,
+            ) from None
     reference = intent if intent is not None else key
 
     merged = merge_url(http, url, params)

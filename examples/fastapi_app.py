@@ -1,0 +1,124 @@
+"""A FastAPI app that charges each order once, through one AsyncClient for the whole app.
+
+Run it from the repository root, with ``fastapi`` and ``uvicorn`` installed::
+
+    python examples/fastapi_app.py
+
+``create_app()`` builds the app: its lifespan opens one ``postonce.AsyncClient``
+(one outbox writer thread, one connection pool) and closes it on shutdown.
+``POST /orders/{order_id}/pay`` charges the order with the intent
+``f"order-{order_id}/charge"``, so a retried request, a double click or a second
+app process never charges an order twice.
+
+The demo serves the Stripe emulator (``examples/stripe_emulator.py``) and this
+app with uvicorn on 127.0.0.1, pays order 1001 while the emulator loses its first
+answer, pays it again, double-clicks order 1002, then checks the emulator's ledger.
+The outbox is a temporary file.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import postonce
+from examples.stripe_emulator import StripeEmulator, serve
+
+
+class Payment(BaseModel):
+    amount: int = Field(ge=50)
+    currency: str = "usd"
+
+
+def create_app(stripe_url: str, *, api_key: str, outbox: Path | str | None = None) -> FastAPI:
+    """The shop's API. ``outbox=None``: ``$POSTONCE_OUTBOX``, else the user's default file."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with postonce.AsyncClient(
+            stripe_url,
+            provider="stripe",
+            headers={"Authorization": f"Bearer {api_key}"},
+            outbox=outbox,
+            timeout=1.0,  # short, for the demo: a lost answer is retried after 1 s
+        ) as stripe:
+            app.state.stripe = stripe
+            yield
+
+    app = FastAPI(lifespan=lifespan)
+
+    @app.post("/orders/{order_id}/pay", response_model=None)
+    async def pay(
+        order_id: int, payment: Payment, request: Request
+    ) -> dict[str, Any] | JSONResponse:
+        stripe: postonce.AsyncClient = request.app.state.stripe
+        params = {
+            "amount": payment.amount,
+            "currency": payment.currency,
+            "metadata[order_id]": order_id,
+        }
+        try:
+            response = await stripe.post_once(
+                "/v1/payment_intents", data=params, intent=f"order-{order_id}/charge"
+            )
+        except postonce.IntentPending:  # stored; the drain will finish it
+            return JSONResponse({"order_id": order_id, "status": "pending"}, status_code=202)
+        except postonce.IntentConflict:  # this order was charged with other parameters
+            return JSONResponse({"order_id": order_id, "status": "conflict"}, status_code=409)
+        if response.is_error:  # a declined card (402) is Stripe's answer: pass it on
+            return JSONResponse(response.json(), status_code=response.status_code)
+        info = response.extensions["postonce"]
+        return {
+            "order_id": order_id,
+            "payment_intent": response.json()["id"],
+            "attempts": info.attempts,
+            "replayed": info.replayed,
+            "from_outbox": info.from_outbox,
+        }
+
+    return app
+
+
+def main() -> None:
+    stripe = StripeEmulator(lose_answers=1)
+    with tempfile.TemporaryDirectory() as tmp, serve(stripe) as stripe_url:
+        app = create_app(stripe_url, api_key="sk_test_emulator", outbox=Path(tmp) / "outbox.db")
+        with serve(app, lifespan="on") as shop_url, httpx.Client(base_url=shop_url) as shop:
+
+            def pay(order_id: int) -> dict[str, Any]:
+                answer = shop.post(f"/orders/{order_id}/pay", json={"amount": 4200}, timeout=30)
+                assert answer.status_code == 200, answer.text
+                print(f"POST /orders/{order_id}/pay -> {answer.status_code} {answer.text}")
+                result: dict[str, Any] = answer.json()
+                return result
+
+            first = pay(1001)  # Stripe's first answer is lost: retried with the same key
+            again = pay(1001)  # paid again: answered from the outbox
+            stripe.processing_seconds = 0.3  # slow enough for two clicks to overlap
+            with ThreadPoolExecutor(2) as pool:
+                clicks = list(pool.map(pay, [1002, 1002]))
+
+        # What this example shows, checked: one charge per order, whatever the clicks.
+        orders = sorted(c["metadata"]["order_id"] for c in stripe.charges)
+        assert orders == ["1001", "1002"], orders
+        assert first["replayed"]
+        assert again["from_outbox"]
+        assert again["payment_intent"] == first["payment_intent"]
+        assert clicks[0]["payment_intent"] == clicks[1]["payment_intent"]
+        print(f"Stripe's ledger: {len(stripe.charges)} charges, 2 orders: charged once per order")
+
+
+if __name__ == "__main__":
+    main()
