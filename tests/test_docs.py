@@ -35,7 +35,18 @@ def run_python(code: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.parametrize(
-    "doc", ["README.md", "docs/index.md", "docs/drain.md", "docs/async.md", "docs/hosts.md"]
+    "doc",
+    [
+        "README.md",
+        "docs/index.md",
+        "docs/drain.md",
+        "docs/async.md",
+        "docs/hosts.md",
+        "docs/tutorial.md",
+        "docs/stripe.md",
+        "docs/adyen.md",
+        "docs/custom-provider.md",
+    ],
 )
 def test_every_python_example_runs(doc: str, tmp_path: Path) -> None:
     """Each python block in the docs runs as written, on the default SQLite outbox."""

@@ -337,7 +337,9 @@ def _operator(ctx: click.Context, reference: str, to: State, note: str) -> None:
 
 @outbox.command()
 @click.argument("reference")
-@click.option("--note", default="cancelled by an operator", show_default=True)
+@click.option(
+    "--note", default="cancelled by an operator", show_default=True, help="Why, for the record."
+)
 @click.pass_context
 def cancel(ctx: click.Context, reference: str, note: str) -> None:
     """Cancel an intent that was never delivered; refused if it may have been.

@@ -56,16 +56,18 @@ class StatusRule(BaseModel):
 class Provider(BaseModel):
     """The idempotency contract of one API, as postonce needs to know it.
 
-    Example, a custom profile for an internal service::
+    Example, a custom profile for an internal service:
 
-        Provider(
-            name="ledger",
-            key_field="X-Request-Key",
-            key_max_length=64,
-            retention=timedelta(hours=48),
-            in_flight=(StatusRule(status=409),),
-            mismatch=(StatusRule(status=422),),
-        )
+    ```python
+    Provider(
+        name="ledger",
+        key_field="X-Request-Key",
+        key_max_length=64,
+        retention=timedelta(hours=48),
+        in_flight=(StatusRule(status=409),),
+        mismatch=(StatusRule(status=422),),
+    )
+    ```
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")

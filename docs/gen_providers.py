@@ -1,0 +1,456 @@
+"""Generate the provider contract pages from ``postonce.providers.BUILTIN_PROVIDERS``.
+
+Run by the mkdocs-gen-files plugin (see mkdocs.yml): one page per built-in profile
+under ``providers/``, and ``providers/index.md`` listing them all. Every fact on a
+page is read from the ``Provider`` object, and every "what postonce does" is asked of
+postonce's own classifier and horizon function, so the pages cannot disagree with the
+code. The notes beside each profile in ``providers.py`` (the comments inside its
+``Provider(...)`` call) are quoted too.
+
+``render(provider)`` and ``page_path(provider)`` are importable: tests/test_docs_site.py
+calls them. Nothing here imports mkdocs unless the module runs as a gen-files script.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import io
+import json
+import tokenize
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import postonce.providers
+from postonce import RetryPolicy
+from postonce._classify import classify_response
+from postonce._intent import Outcome
+from postonce._keys import check_key, mint_key
+from postonce._policy import horizon_at
+from postonce.providers import BUILTIN_PROVIDERS, Provider, StatusRule
+
+__all__ = ["INDEX_PATH", "main", "page_path", "pages", "profile_notes", "render", "render_index"]
+
+INDEX_PATH = "providers/index.md"
+
+#: What postonce does with each outcome of an attempt.
+ACTIONS: Mapping[Outcome, str] = {
+    Outcome.IN_PROGRESS: (
+        "**in flight**: wait briefly, then send the same key again; never a failure, "
+        "and not counted against `RetryPolicy.attempts`"
+    ),
+    Outcome.MISMATCH: (
+        "**key reused with another request**: the answer is stored, "
+        "`IdempotencyKeyMismatch` is raised, and the intent is never retried"
+    ),
+    Outcome.RETRYABLE: (
+        "**retryable**: send the same key again after `Retry-After` "
+        "(capped at `RetryPolicy.retry_after_max`) or a jittered backoff"
+    ),
+    Outcome.FINAL: (
+        "**final answer**: stored and returned as the `httpx.Response`, not retried; "
+        "the intent is `succeeded` for a 2xx, else `failed`"
+    ),
+}
+
+#: The key shown in examples (postonce mints a fresh UUIDv4 per intent).
+EXAMPLE_KEY = "8e03978e-40d5-43e8-bc93-6894a57f9324"
+#: Profile fields whose source note is shown beside the value rather than in the notes.
+_INLINE_NOTES = frozenset({"retention", "replays_5xx"})
+
+_SUCCESS = "`2xx`"
+_SUCCESS_ACTION = (
+    "**success**: stored and returned as the `httpx.Response`; the intent is `succeeded`"
+)
+_UNIVERSAL_CHARSET = "printable ASCII without quotes, backslashes, spaces or control characters"
+
+
+# -- the profile's own notes ------------------------------------------------------------
+
+
+@dataclass
+class Notes:
+    """The comments inside one ``Provider(...)`` call in providers.py."""
+
+    general: list[str] = field(default_factory=list)  # comments before the first argument
+    fields: dict[str, str] = field(default_factory=dict)  # trailing comment of an argument
+
+
+def profile_notes(name: str) -> Notes:
+    """The comments beside the built-in profile ``name`` in providers.py (empty if none)."""
+    return _all_notes().get(name, Notes())
+
+
+_NOTES_CACHE: dict[str, Notes] = {}
+
+
+def _all_notes() -> dict[str, Notes]:
+    if _NOTES_CACHE:
+        return _NOTES_CACHE
+    try:
+        source = inspect.getsource(postonce.providers)
+    except (OSError, TypeError):  # no source shipped: the pages go without notes
+        return {}
+    comments: dict[int, str] = {}
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            comments[token.start[0]] = token.string.lstrip("#").strip()
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Provider"):
+            continue
+        names = [k for k in node.keywords if k.arg == "name"]
+        if not names or not isinstance(names[0].value, ast.Constant):
+            continue
+        notes = Notes()
+        first = min(k.lineno for k in node.keywords)
+        for line in range(node.lineno, first):
+            if line in comments:
+                notes.general.append(comments[line])
+        for keyword in node.keywords:
+            end = keyword.value.end_lineno or keyword.lineno
+            said = [comments[n] for n in range(keyword.lineno, end + 1) if n in comments]
+            if said and keyword.arg is not None:
+                notes.fields[keyword.arg] = "; ".join(said)
+        _NOTES_CACHE[str(names[0].value.value)] = notes
+    return _NOTES_CACHE
+
+
+# -- formatting ---------------------------------------------------------------------------
+
+
+def duration(seconds: float) -> str:
+    """``86400`` -> ``24 hours``; ``77760`` -> ``21 hours 36 minutes``."""
+    seconds = round(seconds)
+    if seconds % 86400 == 0 and seconds >= 7 * 86400:
+        return _plural(seconds // 86400, "day")
+    parts = []
+    days, rest = divmod(seconds, 86400)
+    if days and seconds >= 3 * 86400:
+        parts.append(_plural(days, "day"))
+    else:
+        rest = seconds
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        parts.append(_plural(hours, "hour"))
+    if minutes:
+        parts.append(_plural(minutes, "minute"))
+    if secs or not parts:
+        parts.append(_plural(secs, "second"))
+    return " ".join(parts)
+
+
+def _plural(n: int, unit: str) -> str:
+    return f"{n} {unit}" if n == 1 else f"{n} {unit}s"
+
+
+def _code(values: Iterable[object]) -> str:
+    return ", ".join(f"`{v}`" for v in values)
+
+
+def _source(source: str) -> str:
+    if source.startswith(("https://", "http://")):
+        return f"<{source}>"
+    return source
+
+
+def page_path(provider: Provider) -> str:
+    """Where the page of ``provider`` lives in the site, relative to docs/."""
+    return f"providers/{provider.name}.md"
+
+
+def horizon(provider: Provider, policy: RetryPolicy | None = None) -> timedelta:
+    """postonce's retry horizon under ``provider``: its retention less the policy's margin."""
+    policy = policy if policy is not None else RetryPolicy()
+    return timedelta(seconds=horizon_at(0.0, provider, policy))
+
+
+# -- answers ------------------------------------------------------------------------------
+
+
+def _body(code: str | None) -> bytes:
+    return json.dumps({"code": code} if code is not None else {}).encode()
+
+
+def _rule_label(rule: StatusRule, shadowed: bool) -> str:
+    status = f"`{rule.status}`" if rule.status is not None else "any 4xx or 5xx"
+    if rule.code is not None:
+        return f"{status} with the error code `{rule.code}` in the body"
+    return f"{status} (any other body)" if shadowed else status
+
+
+def answer_rows(provider: Provider) -> list[tuple[str, Outcome]]:
+    """Each answer the profile singles out, and the outcome postonce's classifier gives it."""
+    rows: list[tuple[str, Outcome]] = [(_SUCCESS, classify_response(200, {}, b"{}", provider))]
+    coded: set[int | None] = set()
+    for rule in (*provider.mismatch, *provider.in_flight):
+        status = rule.status if rule.status is not None else 400
+        outcome = classify_response(status, {}, _body(rule.code), provider)
+        rows.append((_rule_label(rule, shadowed=rule.status in coded), outcome))
+        if rule.code is not None:
+            coded.add(rule.status)
+    plain = {r.status for r in (*provider.mismatch, *provider.in_flight) if r.code is None}
+    for status in (400, 409, 422):
+        if status not in plain:
+            other = status in coded or None in coded
+            label = f"any other `{status}`" if other else f"`{status}`"
+            rows.append((label, classify_response(status, {}, _body(None), provider)))
+    by_outcome: dict[Outcome, list[int]] = {}
+    for status in sorted(provider.retryable_statuses):
+        by_outcome.setdefault(classify_response(status, {}, _body(None), provider), []).append(
+            status
+        )
+    for outcome, statuses in by_outcome.items():
+        rows.append((_code(statuses), outcome))
+    if 500 not in plain and 500 not in provider.retryable_statuses:
+        label = "any other `500`" if 500 in coded or None in coded else "`500`"
+        rows.append((label, classify_response(500, {}, _body(None), provider)))
+    return rows
+
+
+def _hint_rows(provider: Provider) -> list[tuple[str, Outcome]]:
+    name = provider.retry_hint_header
+    if name is None:
+        return []
+    probe = 418  # an error status no profile singles out
+    return [
+        (
+            f"another 4xx or 5xx with `{name}: {value}`",
+            classify_response(probe, {name: value}, _body(None), provider),
+        )
+        for value in ("true", "false")
+    ]
+
+
+# -- pages --------------------------------------------------------------------------------
+
+
+def render(provider: Provider, policy: RetryPolicy | None = None) -> str:
+    """The contract page of one provider profile, as Markdown."""
+    policy = policy if policy is not None else RetryPolicy()
+    notes = profile_notes(provider.name) if provider.name in BUILTIN_PROVIDERS else Notes()
+    p = provider
+    out: list[str] = [f"# `{p.name}`", ""]
+    out += [
+        f'The idempotency contract of the built-in profile `"{p.name}"`, generated from '
+        f'`postonce.BUILTIN_PROVIDERS["{p.name}"]`. Use it with '
+        f'`postonce.Client(..., provider="{p.name}")`, or per call with `provider="{p.name}"`.',
+        "",
+    ]
+    extra = {k: v for k, v in notes.fields.items() if k not in _INLINE_NOTES}
+    if notes.general or extra:
+        out += ['!!! note "Notes in the profile\'s source"', ""]
+        if notes.general:
+            out += [f"    {' '.join(notes.general)}", ""]
+        out += [f"    - `{name}`: {text}" for name, text in extra.items()]
+        out.append("")
+
+    # The key
+    out += ["## How the key travels", ""]
+    if p.key_transport == "header":
+        out += [
+            f"In the request header `{p.key_field}`, as the raw value (never quoted): "
+            f"`{p.key_field}: {EXAMPLE_KEY}`. A key you pass yourself in that header "
+            "counts as `key=`.",
+            "",
+        ]
+    else:
+        out += [
+            f"In the top-level field `{p.key_field}` of the JSON body. The body must be a "
+            f"JSON object (`json={{...}}`); postonce adds `{p.key_field}` with the stored key "
+            f"to the stored body, so every send carries it. A key you put in `{p.key_field}` "
+            "yourself counts as `key=`.",
+            "",
+        ]
+    minted_fits = True
+    try:
+        check_key(mint_key(), p, reference=None)
+    except postonce.InvalidKey:
+        minted_fits = False
+    charset = _UNIVERSAL_CHARSET
+    if p.key_pattern is not None:
+        charset += f", and matching the regular expression `{p.key_pattern}`"
+    out += [
+        "| key rule | value |",
+        "| --- | --- |",
+        f"| length | {p.key_min_length} to {p.key_max_length} characters |",
+        f"| characters | {charset} |",
+        "| a key postonce mints (a canonical UUIDv4, 36 characters) | "
+        + ("fits" if minted_fits else "**does not fit**: pass `key=`")
+        + " |",
+        "",
+        "A key you choose with `key=` that breaks these rules is refused with `InvalidKey` "
+        "before anything is stored or sent.",
+        "",
+    ]
+
+    # Retention and horizon
+    retention = p.retention.total_seconds()
+    out += [
+        "## Retention and the retry horizon",
+        "",
+        "| fact | value |",
+        "| --- | --- |",
+        f"| the provider remembers a key for at least | {duration(retention)}"
+        + (f" \u2014 {notes.fields['retention']}" if "retention" in notes.fields else "")
+        + " |",
+        f"| postonce's horizon (`horizon_margin={policy.horizon_margin:g}`) | "
+        f"{duration(horizon(p, policy).total_seconds())} after the first send that may "
+        "have been delivered |",
+        "",
+        f"The horizon is the retention less `horizon_margin` of it: {duration(retention)} "
+        f"\u00d7 (1 \u2212 {policy.horizon_margin:g}). No retry is sent after it. An intent whose "
+        "delivery is still ambiguous then becomes `expired` (`IntentExpired`), and someone "
+        "must [reconcile it](../reconcile.md). See [the retry horizon](../horizon.md).",
+        "",
+    ]
+
+    # Fingerprint
+    out += ["## The fingerprint", ""]
+    if p.key_transport == "header":
+        out += [
+            "A SHA-256 of the method, the path and query, and the body: a JSON body as "
+            "canonical JSON (sorted keys, no insignificant whitespace), any other body as "
+            "its raw bytes. Headers, the key among them, are not part of it.",
+        ]
+    else:
+        out += [
+            "A SHA-256 of the method, the path and query, and the JSON body as canonical "
+            f"JSON (sorted keys, no insignificant whitespace) without the `{p.key_field}` "
+            "field. Headers are not part of it.",
+        ]
+    out += [
+        "",
+        '`fingerprint_fields=["amount", "customer.id"]` narrows it to those fields of a '
+        "JSON object body. The same `intent=` with another fingerprint raises "
+        "`IntentConflict` before anything is sent.",
+        "",
+    ]
+
+    # Answers
+    out += [
+        "## What each answer means, and what postonce does",
+        "",
+        "Read by postonce's classifier under this profile, in this order: key-reuse "
+        "answers, in-flight answers, the retry hint, the retryable statuses; anything else "
+        "is a final answer.",
+        "",
+        "| answer | postonce reads it as |",
+        "| --- | --- |",
+    ]
+    for label, outcome in (*answer_rows(p), *_hint_rows(p)):
+        action = ACTIONS.get(outcome, f"`{outcome.value}`")
+        if label == _SUCCESS and outcome is Outcome.FINAL:
+            action = _SUCCESS_ACTION
+        out.append(f"| {label} | {action} |")
+    if not p.mismatch:
+        out += [
+            "",
+            "This profile names no key-reuse answer: the provider documents none that "
+            "postonce can tell apart, so such an answer is taken as final.",
+        ]
+    out += [
+        "",
+        "A send that gets no answer is classified without the profile: a connect error "
+        "or connect/pool timeout is `not_sent` (retried; the horizon has not started), "
+        "anything else after the request may have been written is `ambiguous` (retried "
+        "with the same key until the horizon). See [ambiguity](../ambiguity.md).",
+        "",
+    ]
+
+    # 5xx replays, replay marker, retry hint
+    replays = {
+        True: "yes: a retry with the same key gets the stored 5xx answer back",
+        False: "no: only successes are stored; a retry after a 5xx is executed again",
+        None: "not documented",
+    }[p.replays_5xx]
+    replay_marker = (
+        " or ".join(f"`{h}: true`" for h in p.replay_headers)
+        + ' (`response.extensions["postonce"].replayed` is then `True`)'
+        if p.replay_headers
+        else 'none: this provider marks no replay, so `response.extensions["postonce"]'
+        ".replayed` is always `False`"
+    )
+    hint = (
+        f"`{p.retry_hint_header}: true` / `false` overrides the retryable statuses"
+        if p.retry_hint_header
+        else "none"
+    )
+    out += [
+        "## Replays and retry hints",
+        "",
+        "| fact | value |",
+        "| --- | --- |",
+        f"| the provider replays 5xx answers | {replays}"
+        + (f" \u2014 {notes.fields['replays_5xx']}" if "replays_5xx" in notes.fields else "")
+        + " |",
+        f"| replay marker | {replay_marker} |",
+        f"| retry hint header | {hint} |",
+        f"| retryable statuses | {_code(sorted(p.retryable_statuses))} |",
+        "",
+    ]
+
+    # Sources
+    out += ["## Sources", ""]
+    if p.sources:
+        out += [f"- {_source(s)}" for s in p.sources]
+    else:
+        out += ["None recorded in the profile."]
+    out.append("")
+    return "\n".join(out)
+
+
+def render_index(providers: Mapping[str, Provider], policy: RetryPolicy | None = None) -> str:
+    """The page listing every built-in profile side by side."""
+    policy = policy if policy is not None else RetryPolicy()
+    out = [
+        "# Provider profiles",
+        "",
+        "The built-in profiles, generated from `postonce.BUILTIN_PROVIDERS`. Each page "
+        "says how the key travels, which keys the API takes, how long it remembers them "
+        "and so how long postonce retries, what its answers mean, and where each fact "
+        "comes from. For any other API, [write a profile](../custom-provider.md).",
+        "",
+        f"Horizons are for the default `horizon_margin={policy.horizon_margin:g}`.",
+        "",
+        "| profile | key in | max length | retention | horizon | in flight | key reuse "
+        "| replay marker |",
+        "| --- | --- | ---: | --- | --- | --- | --- | --- |",
+    ]
+    for name in sorted(providers):
+        p = providers[name]
+        where = "header" if p.key_transport == "header" else "body"
+        in_flight = "; ".join(_rule_label(r, False) for r in p.in_flight) or "none"
+        mismatch = "; ".join(_rule_label(r, False) for r in p.mismatch) or "none"
+        replay = _code(p.replay_headers) if p.replay_headers else "none"
+        out.append(
+            f"| [`{name}`]({name}.md) | {where} `{p.key_field}` | {p.key_max_length} "
+            f"| {duration(p.retention.total_seconds())} "
+            f"| {duration(horizon(p, policy).total_seconds())} "
+            f"| {in_flight} | {mismatch} | {replay} |"
+        )
+    out.append("")
+    return "\n".join(out)
+
+
+def pages(providers: Mapping[str, Provider] | None = None) -> dict[str, str]:
+    """Every generated page: path relative to docs/ -> Markdown."""
+    providers = providers if providers is not None else BUILTIN_PROVIDERS
+    out = {INDEX_PATH: render_index(providers)}
+    for provider in providers.values():
+        out[page_path(provider)] = render(provider)
+    return out
+
+
+def main() -> None:
+    """Write the pages into the site being built (mkdocs-gen-files)."""
+    import mkdocs_gen_files
+
+    for path, text in pages().items():
+        with mkdocs_gen_files.open(path, "w") as page:
+            page.write(text)
+
+
+if __name__ in {"__main__", "<run_path>"}:
+    main()
