@@ -6,6 +6,7 @@ every retry, and never re-sent after the provider may have forgotten it.
 
 from ._async_client import AsyncClient
 from ._base import OnceOptions
+from ._budget import RetryBudget
 from ._client import Client
 from ._drain import DrainReport
 from ._exceptions import (
@@ -25,7 +26,18 @@ from ._exceptions import (
     UnknownProvider,
 )
 from ._intent import IntentInfo, IntentRecord, Outcome, State, StoredResponse
+from ._observe import (
+    AttemptDetail,
+    EndDetail,
+    ExpiryDetail,
+    GiveUpDetail,
+    Hooks,
+    ReplayDetail,
+    RetryDetail,
+    StartDetail,
+)
 from ._outbox import SQLiteStore, Store, default_outbox_path
+from ._outbox.base import AttemptRecord
 from ._policy import RetryPolicy
 from ._version import __version__
 from .providers import BUILTIN_PROVIDERS, Provider, StatusRule, get_provider
@@ -33,9 +45,15 @@ from .providers import BUILTIN_PROVIDERS, Provider, StatusRule, get_provider
 __all__ = [
     "BUILTIN_PROVIDERS",
     "AsyncClient",
+    "AttemptDetail",
+    "AttemptRecord",
     "Client",
     "ConfigurationError",
     "DrainReport",
+    "EndDetail",
+    "ExpiryDetail",
+    "GiveUpDetail",
+    "Hooks",
     "IdempotencyKeyMismatch",
     "IntentCancelled",
     "IntentConflict",
@@ -53,8 +71,12 @@ __all__ = [
     "Outcome",
     "PostonceError",
     "Provider",
+    "ReplayDetail",
+    "RetryBudget",
+    "RetryDetail",
     "RetryPolicy",
     "SQLiteStore",
+    "StartDetail",
     "State",
     "StatusRule",
     "Store",

@@ -9,7 +9,7 @@ and on trio through anyio.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Generator
+from collections.abc import Callable, Collection, Generator, Sequence
 from typing import Any
 
 import anyio
@@ -17,10 +17,12 @@ import httpx
 from typing_extensions import Unpack
 
 from ._base import BaseClient, OnceOptions, named
+from ._budget import RetryBudget
 from ._drain import JUST_BEFORE, DrainReport, Tally, claim_failed, count_outcome
 from ._exceptions import ConfigurationError, OutboxError, PostonceError
 from ._flow import Abandoned, Effect, Send, Sleep, StoreCall, run
 from ._intent import IntentRecord
+from ._observe import Hooks
 from ._outbox.base import Opened, Store
 from ._outbox.locate import OutboxSpec
 from ._outbox.sqlite import Durability
@@ -55,6 +57,8 @@ class AsyncClient(BaseClient):
         secret_headers: Collection[str] = (),
         lease_seconds: float = 120.0,
         clock: Callable[[], float] | None = None,
+        hooks: Hooks | Sequence[Hooks] | None = None,
+        retry_budget: RetryBudget | bool = True,
         http: httpx.AsyncClient | None = None,
         **httpx_options: Any,
     ) -> None:
@@ -66,6 +70,8 @@ class AsyncClient(BaseClient):
             secret_headers=secret_headers,
             lease_seconds=lease_seconds,
             clock=clock,
+            hooks=hooks,
+            retry_budget=retry_budget,
         )
         self._http: httpx.AsyncClient
         self._http, self._owns_http = self._own_http(

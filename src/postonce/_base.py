@@ -18,9 +18,11 @@ from typing import Any, TypedDict, TypeVar
 
 import httpx
 
+from ._budget import RetryBudget
 from ._exceptions import ConfigurationError, PostonceError
 from ._flow import Effect, Sender, StoreCall, send_claimed
 from ._intent import IntentRecord
+from ._observe import Hooks
 from ._outbox.base import NewIntent, Opened, Store
 from ._outbox.locate import OutboxSpec, open_store
 from ._outbox.sqlite import Durability
@@ -89,6 +91,8 @@ class BaseClient:
         secret_headers: Collection[str],
         lease_seconds: float,
         clock: Callable[[], float] | None = None,
+        hooks: Hooks | Sequence[Hooks] | None = None,
+        retry_budget: RetryBudget | bool = True,
     ) -> None:
         self.provider = get_provider(provider)
         self.retry = retry if retry is not None else RetryPolicy()
@@ -107,6 +111,19 @@ class BaseClient:
         self._open_lock = threading.Lock()
         self.owner = f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(4)}"
         self._clock: Callable[[], float] = clock if clock is not None else time.time
+        self.hooks: tuple[Hooks, ...] = (
+            () if hooks is None else (hooks,) if isinstance(hooks, Hooks) else tuple(hooks)
+        )
+        if not all(isinstance(h, Hooks) for h in self.hooks):
+            raise ConfigurationError("hooks= takes a postonce.Hooks or a sequence of them")
+        #: The client-wide retry budget (None: retries are never held back).
+        self.retry_budget: RetryBudget | None = (
+            RetryBudget()
+            if retry_budget is True
+            else None
+            if retry_budget is False
+            else retry_budget
+        )
 
     @staticmethod
     def _own_http(
@@ -223,6 +240,8 @@ class BaseClient:
             timeout=timeout,
             secret_headers=secret_headers,
             parsed_url=parsed_url,
+            hooks=self.hooks,
+            retry_budget=self.retry_budget,
         )
 
     def _drain_flow(self, opened: Opened) -> Generator[Effect, Any, httpx.Response]:

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Collection, Generator
+from collections.abc import Callable, Collection, Generator, Sequence
 from typing import Any
 
 import httpx
 from typing_extensions import Unpack
 
 from ._base import BaseClient, OnceOptions, named
+from ._budget import RetryBudget
 from ._drain import DrainReport, Tally, count_outcome, run_drain, stop_on_signals
 from ._exceptions import ConfigurationError, OutboxError, PostonceError
 from ._flow import Abandoned, Effect, Send, Sleep, StoreCall, run
 from ._intent import IntentRecord
+from ._observe import Hooks
 from ._outbox.base import Opened, Store
 from ._outbox.behind import WriteBehind
 from ._outbox.locate import OutboxSpec
@@ -40,6 +42,14 @@ class Client(BaseClient):
     ``clock`` (Unix seconds; default ``time.time``) is the wall clock every
     stored time and the retry horizon use; pass one to simulate time in tests.
 
+    ``hooks`` (a :class:`postonce.Hooks` or several) are called with a frozen
+    detail record for each attempt, scheduled retry, replay, expiry and
+    give-up; everything is also logged to ``logging.getLogger("postonce")``.
+    ``retry_budget`` is a client-wide token bucket that foreground retries
+    draw on (botocore's standard mode): ``True`` (default) gives this client
+    its own :class:`postonce.RetryBudget`, ``False`` turns it off, an
+    instance can be shared. With it spent, retries are left to the drain.
+
     Pass httpx's own options (``timeout``, ``transport``, ``auth``,
     ``event_hooks``, ``verify``, ``proxy``, ...) as keywords, or a ready
     ``httpx.Client`` as ``http=`` (which you then close yourself).
@@ -57,6 +67,8 @@ class Client(BaseClient):
         secret_headers: Collection[str] = (),
         lease_seconds: float = 120.0,
         clock: Callable[[], float] | None = None,
+        hooks: Hooks | Sequence[Hooks] | None = None,
+        retry_budget: RetryBudget | bool = True,
         http: httpx.Client | None = None,
         **httpx_options: Any,
     ) -> None:
@@ -68,6 +80,8 @@ class Client(BaseClient):
             secret_headers=secret_headers,
             lease_seconds=lease_seconds,
             clock=clock,
+            hooks=hooks,
+            retry_budget=retry_budget,
         )
         self._http: httpx.Client
         self._http, self._owns_http = self._own_http(

@@ -127,3 +127,15 @@ def decide(
     ):
         return Step(StepKind.DEFER, State.PENDING, wait=wait, due_at=due_at)
     return Step(StepKind.RETRY, State.SENDING, wait=wait, due_at=due_at)
+
+
+def over_budget(step: Step) -> Step:
+    """A retry the client's retry budget cannot pay for: left to the drain, due when it would go."""
+    assert step.kind is StepKind.RETRY
+    return Step(
+        StepKind.DEFER,
+        State.PENDING,
+        wait=step.wait,
+        due_at=step.due_at,
+        reason="the client's retry budget is spent",
+    )

@@ -22,8 +22,9 @@ from typing import Any
 
 import httpx
 
+from ._budget import RetryBudget
 from ._classify import classify_exception, classify_response, is_replay
-from ._engine import CLOCK_TOLERANCE, Budget, Step, StepKind, decide, gate
+from ._engine import CLOCK_TOLERANCE, Budget, Step, StepKind, decide, gate, over_budget
 from ._exceptions import (
     IdempotencyKeyMismatch,
     IntentCancelled,
@@ -34,6 +35,17 @@ from ._exceptions import (
     IntentResolved,
 )
 from ._intent import TERMINAL, IntentInfo, IntentRecord, Outcome, State
+from ._observe import (
+    AttemptDetail,
+    EndDetail,
+    ExpiryDetail,
+    GiveUpDetail,
+    Hooks,
+    ReplayDetail,
+    RetryDetail,
+    StartDetail,
+    emit,
+)
 from ._outbox.base import AttemptRecord, Lease, NewIntent
 from ._outbox.rows import storable_response
 from ._policy import RetryPolicy
@@ -99,6 +111,8 @@ class Sender:
     secret_headers: tuple[tuple[str, str], ...] = ()  # memory only, never stored
     # The URL this call planned, parsed once: used when the stored URL is the same.
     parsed_url: tuple[str, httpx.URL] | None = None
+    hooks: tuple[Hooks, ...] = ()
+    retry_budget: RetryBudget | None = None  # client-wide; charged by foreground retries
 
 
 def _annotate(response: httpx.Response, info: IntentInfo) -> httpx.Response:
@@ -161,16 +175,10 @@ def from_outbox(record: IntentRecord) -> httpx.Response:
     return _annotate(response, info)
 
 
-def _stop(step: Step, record: IntentRecord) -> Exception:
+def _stop(sender: Sender, step: Step, record: IntentRecord) -> Exception:
     if step.kind is StepKind.CANCEL:
         return IntentCancelled(step.reason, reference=record.reference, key=record.key)
-    logger.warning(
-        "intent %r (key %s) expired and needs reconciliation: %s",
-        record.reference,
-        record.key,
-        step.reason,
-        extra={"intent": record.reference, "key": record.key, "outcome": "expired"},
-    )
+    emit(sender.hooks, ExpiryDetail(record.reference, record.key, step.reason))
     return IntentExpired(step.reason, reference=record.reference, key=record.key)
 
 
@@ -235,6 +243,8 @@ class _Progress:
     delivered_maybe: bool
     in_send: bool = False
     sent_at: float = 0.0
+    attempts: int = 0  # the intent's attempt count so far
+    spent: int = 0  # retry-budget tokens this call has taken
 
 
 def send_claimed(
@@ -253,22 +263,65 @@ def send_claimed(
     """
     progress = _Progress(lease=lease, delivered_maybe=anchor_before is not None)
     clock = sender.clock
-    try:
-        return (
-            yield from _send_claimed(
-                sender, record, progress, anchor_before, ends_at=ends_at, foreground=foreground
-            )
+    observed = bool(sender.hooks)
+    if observed:
+        emit(
+            sender.hooks,
+            StartDetail(
+                record.reference, record.key, record.provider, record.attempts, not foreground
+            ),
         )
-    except Abandoned:
-        if progress.in_send:
-            yield _ambiguous_record(progress, record, clock, "Abandoned")
-        else:
-            anchor = record.first_delivery_at if progress.delivered_maybe else anchor_before
-            yield StoreCall(
-                "release",
-                {"lease": progress.lease, "now": clock(), "due_at": clock(), "anchor": anchor},
-            )
+    state: State | None = None
+    error: str | None = None
+    try:
+        response = yield from _send_claimed(
+            sender, record, progress, anchor_before, ends_at=ends_at, foreground=foreground
+        )
+        info = response.extensions.get("postonce")
+        state = info.state if isinstance(info, IntentInfo) else None
+        return response
+    except BaseException as exc:
+        error = type(exc).__name__
+        state = _state_of(exc)
+        if isinstance(exc, Abandoned):
+            yield from _abandon(progress, record, clock, anchor_before)
         raise
+    finally:
+        if observed:
+            emit(
+                sender.hooks,
+                EndDetail(record.reference, record.key, state, progress.attempts, error),
+            )
+
+
+def _state_of(exc: BaseException) -> State | None:
+    """The state an error leaves its intent in, where the error says so."""
+    if isinstance(exc, IntentExpired):
+        return State.EXPIRED
+    if isinstance(exc, IntentCancelled):
+        return State.CANCELLED
+    if isinstance(exc, IdempotencyKeyMismatch):
+        return State.FAILED
+    if isinstance(exc, IntentPending):
+        return State.PENDING
+    return None
+
+
+def _abandon(
+    progress: _Progress,
+    record: IntentRecord,
+    clock: Callable[[], float],
+    anchor_before: float | None,
+) -> Generator[Effect, Any, None]:
+    """Leave an abandoned intent in its true state (see :class:`Abandoned`)."""
+    if progress.in_send:
+        yield _ambiguous_record(progress, record, clock, "Abandoned")
+    else:
+        anchor = record.first_delivery_at if progress.delivered_maybe else anchor_before
+        yield StoreCall(
+            "release",
+            {"lease": progress.lease, "now": clock(), "due_at": clock(), "anchor": anchor},
+        )
 
 
 def _ambiguous_record(
@@ -309,7 +362,7 @@ def _gated(
         yield StoreCall(
             "settle", {"lease": lease, "now": clock(), "state": stop.state, "note": stop.reason}
         )
-        raise _stop(stop, record)
+        raise _stop(sender, stop, record)
 
 
 def _send_claimed(
@@ -412,7 +465,52 @@ def _send_claimed(
             policy=policy,
             budget=Budget(attempts_left=attempts_left, ends_at=ends_at) if foreground else None,
         )
+        progress.attempts = attempt
+        budget = sender.retry_budget
+        if budget is not None:
+            if step.kind is StepKind.RETRY:
+                cost = budget.withdraw(outcome)
+                if cost is None:
+                    step = over_budget(step)
+                else:
+                    progress.spent += cost
+            elif step.state is State.SUCCEEDED:
+                budget.deposit(progress.spent)
         replayed = response is not None and is_replay(response.headers, provider)
+        status = response.status_code if response is not None else None
+        if sender.hooks or logger.isEnabledFor(logging.DEBUG):
+            emit(
+                sender.hooks,
+                AttemptDetail(
+                    intent=record.reference,
+                    key=record.key,
+                    provider=provider.name,
+                    attempt=attempt,
+                    outcome=outcome,
+                    status=status,
+                    error=error_type,
+                    duration=duration,
+                    replayed=replayed,
+                    state=step.state,
+                ),
+            )
+            if replayed:
+                assert status is not None
+                emit(sender.hooks, ReplayDetail(record.reference, record.key, attempt, status))
+        if step.kind is StepKind.RETRY or step.kind is StepKind.DEFER:
+            assert step.due_at is not None
+            emit(
+                sender.hooks,
+                RetryDetail(
+                    intent=record.reference,
+                    key=record.key,
+                    attempt=attempt,
+                    wait=step.wait,
+                    due_at=step.due_at,
+                    in_foreground=step.kind is StepKind.RETRY,
+                    reason=step.reason or f"{outcome.value} on attempt {attempt}",
+                ),
+            )
         keeps_answer = step.kind in (StepKind.FINISH, StepKind.MISMATCH)
         retrying = step.kind is StepKind.RETRY
         lease_until = now + step.wait + sender.lease_seconds if retrying else None
@@ -473,15 +571,20 @@ def _send_claimed(
                 response=_annotate(response, info),
             )
         if step.kind is StepKind.DEFER:
+            why = step.reason or f"not final after {attempt} attempt(s) (last: {outcome.value})"
+            if foreground:
+                emit(
+                    sender.hooks,
+                    GiveUpDetail(record.reference, record.key, attempt, step.due_at, why),
+                )
             raise IntentPending(
-                f"not final after {attempt} attempt(s) (last: {outcome.value}); "
-                "the intent is pending until its due time",
+                f"{why}; the intent is pending until its due time",
                 reference=record.reference,
                 key=record.key,
                 due_at=step.due_at,
             ) from cause
         if step.kind in (StepKind.EXPIRE, StepKind.CANCEL):
-            raise _stop(step, record) from cause
+            raise _stop(sender, step, record) from cause
         assert lease_until is not None
         lease = progress.lease = Lease(lease.intent_id, lease.token, lease.owner, lease_until)
         yield Sleep(step.wait)

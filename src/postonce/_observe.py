@@ -1,0 +1,208 @@
+"""What postonce tells you while it works: typed hooks with frozen details, and logging.
+
+Every event is logged to ``logging.getLogger("postonce")`` with structured
+``extra`` fields (``intent``, ``key``, ``attempt``, ``outcome``, ``wait``), and
+passed to the client's :class:`Hooks`. Hooks run on the caller's thread (or
+event loop) right where the event happens, so keep them quick; an exception
+from a hook is logged and never changes what postonce does.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ._intent import Outcome, State
+
+__all__ = [
+    "AttemptDetail",
+    "EndDetail",
+    "ExpiryDetail",
+    "GiveUpDetail",
+    "Hooks",
+    "ReplayDetail",
+    "RetryDetail",
+    "StartDetail",
+    "emit",
+]
+
+logger = logging.getLogger("postonce")
+
+
+@dataclass(frozen=True, slots=True)
+class StartDetail:
+    """A foreground call or a drain holds an intent's lease and is about to send."""
+
+    intent: str
+    key: str
+    provider: str
+    attempts: int  # sends made before this call (earlier calls, earlier drains)
+    drain: bool
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptDetail:
+    """One send ended, with this outcome and the state it led to."""
+
+    intent: str
+    key: str
+    provider: str
+    attempt: int  # 1 for the intent's first send, across calls and processes
+    outcome: Outcome
+    status: int | None  # None: no HTTP answer (timeout, connection error)
+    error: str | None  # the exception's type name, when there was no answer
+    duration: float  # seconds
+    replayed: bool
+    state: State
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayDetail:
+    """The provider answered with the stored result of an earlier send of this key."""
+
+    intent: str
+    key: str
+    attempt: int
+    status: int
+
+
+@dataclass(frozen=True, slots=True)
+class RetryDetail:
+    """The same key will be sent again: in ``wait`` seconds here, or by the drain at ``due_at``."""
+
+    intent: str
+    key: str
+    attempt: int  # the attempt that just ended
+    wait: float
+    due_at: float  # wall clock (Unix seconds)
+    in_foreground: bool  # False: left to the drain
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class GiveUpDetail:
+    """The foreground call stopped before a final answer; the intent is pending for the drain."""
+
+    intent: str
+    key: str
+    attempts: int
+    due_at: float | None
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ExpiryDetail:
+    """The provider may have forgotten the key (or the deadline passed): reconcile by hand."""
+
+    intent: str
+    key: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class EndDetail:
+    """The call that started with :class:`StartDetail` ended, however it ended."""
+
+    intent: str
+    key: str
+    state: State | None  # None when it ended by an error before a state was recorded
+    attempts: int
+    error: str | None  # the exception's type name, if it raised
+
+
+@dataclass(frozen=True, slots=True)
+class Hooks:
+    """Callbacks for what happens to intents; pass ``hooks=`` to a client.
+
+    Each receives one frozen detail record. ``on_start`` and ``on_end``
+    bracket one call's (or one drain claim's) work on an intent; the other
+    five are the events themselves.
+    """
+
+    on_attempt: Callable[[AttemptDetail], object] | None = None
+    on_retry_scheduled: Callable[[RetryDetail], object] | None = None
+    on_replayed: Callable[[ReplayDetail], object] | None = None
+    on_expired: Callable[[ExpiryDetail], object] | None = None
+    on_give_up: Callable[[GiveUpDetail], object] | None = None
+    on_start: Callable[[StartDetail], object] | None = None
+    on_end: Callable[[EndDetail], object] | None = None
+
+
+_HOOK_OF: dict[type, str] = {
+    AttemptDetail: "on_attempt",
+    RetryDetail: "on_retry_scheduled",
+    ReplayDetail: "on_replayed",
+    ExpiryDetail: "on_expired",
+    GiveUpDetail: "on_give_up",
+    StartDetail: "on_start",
+    EndDetail: "on_end",
+}
+
+
+def _log(detail: object) -> None:
+    if isinstance(detail, AttemptDetail):
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "intent %r attempt %d: %s (%s)",
+                detail.intent,
+                detail.attempt,
+                detail.outcome.value,
+                detail.status if detail.status is not None else detail.error,
+                extra={
+                    "intent": detail.intent,
+                    "key": detail.key,
+                    "attempt": detail.attempt,
+                    "outcome": detail.outcome.value,
+                },
+            )
+    elif isinstance(detail, RetryDetail):
+        logger.info(
+            "intent %r: %s; the same key is sent again %s",
+            detail.intent,
+            detail.reason,
+            f"in {detail.wait:.2f} s" if detail.in_foreground else "by the drain",
+            extra={
+                "intent": detail.intent,
+                "key": detail.key,
+                "attempt": detail.attempt,
+                "outcome": "retry",
+                "wait": detail.wait,
+            },
+        )
+    elif isinstance(detail, GiveUpDetail):
+        logger.warning(
+            "intent %r is pending after %d attempt(s): %s; the drain will finish it",
+            detail.intent,
+            detail.attempts,
+            detail.reason,
+            extra={
+                "intent": detail.intent,
+                "key": detail.key,
+                "attempt": detail.attempts,
+                "outcome": "pending",
+            },
+        )
+    elif isinstance(detail, ExpiryDetail):
+        logger.warning(
+            "intent %r (key %s) expired and needs reconciliation: %s",
+            detail.intent,
+            detail.key,
+            detail.reason,
+            extra={"intent": detail.intent, "key": detail.key, "outcome": "expired"},
+        )
+
+
+def emit(hooks: Sequence[Hooks], detail: Any) -> None:
+    """Log one event and hand it to every registered hook; a failing hook is only logged."""
+    _log(detail)
+    name = _HOOK_OF[type(detail)]
+    for registered in hooks:
+        hook = getattr(registered, name)
+        if hook is None:
+            continue
+        try:
+            hook(detail)
+        except Exception:
+            logger.exception("postonce hook %s failed on %r", name, detail)
