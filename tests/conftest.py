@@ -21,6 +21,7 @@ from psycopg import sql
 
 import postonce
 from postonce._outbox.locate import split_schema
+from postonce.testing import MemoryOutbox
 from tests.idem_server import IdempotentApp
 
 T = TypeVar("T")
@@ -102,34 +103,43 @@ def pg_schema() -> Iterator[str]:
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", "postgres", "memory"])
 def backend(request: pytest.FixtureRequest) -> str:
-    """Each outbox test runs on the SQLite and on the PostgreSQL outbox."""
+    """Each outbox test runs on the SQLite, the PostgreSQL and the in-memory outbox."""
     return str(request.param)
 
 
-def _outbox_for(backend: str, tmp_path: Path, name: str) -> Iterator[str]:
+#: What the ``outbox`` fixtures give: a SQLite path, a PostgreSQL URL, or a MemoryOutbox.
+OutboxUnderTest = str | MemoryOutbox
+
+
+def _outbox_for(backend: str, tmp_path: Path, name: str) -> Iterator[OutboxUnderTest]:
     if backend == "sqlite":
         yield str(tmp_path / f"{name}.sqlite3")
+    elif backend == "memory":
+        yield MemoryOutbox()
     else:
         with pg_schema() as url:
             yield url
 
 
 @pytest.fixture
-def outbox(backend: str, tmp_path: Path) -> Iterator[str]:
-    """A fresh outbox of this run's backend: a SQLite path or a PostgreSQL URL."""
+def outbox(backend: str, tmp_path: Path) -> Iterator[OutboxUnderTest]:
+    """A fresh outbox of this run's backend: a SQLite path, a PostgreSQL URL, a MemoryOutbox."""
     yield from _outbox_for(backend, tmp_path, "outbox")
 
 
 @pytest.fixture
-def another_outbox(backend: str, tmp_path: Path) -> Iterator[str]:
+def another_outbox(backend: str, tmp_path: Path) -> Iterator[OutboxUnderTest]:
     """A second, separate outbox of the same backend (another system)."""
     yield from _outbox_for(backend, tmp_path, "another")
 
 
-def outbox_bytes(spec: str) -> bytes:
+def outbox_bytes(spec: OutboxUnderTest) -> bytes:
     """Everything an outbox holds at rest, as bytes, to search for what must not be there."""
+    if isinstance(spec, MemoryOutbox):
+        # Every stored row in full: the request, the answer, the attempts.
+        return "\n".join(repr(row) for row in spec._rows.values()).encode()
     if not spec.startswith("postgresql://"):
         path = Path(spec)
         return b"".join(p.read_bytes() for p in path.parent.glob(path.name + "*"))
@@ -203,7 +213,9 @@ def client_kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-def _factory(outbox: str | Path, kind: str, made: list[Any]) -> Callable[..., postonce.Client]:
+def _factory(
+    outbox: OutboxUnderTest | Path, kind: str, made: list[Any]
+) -> Callable[..., postonce.Client]:
     def factory(base_url: str = "http://api.test", **kwargs: Any) -> postonce.Client:
         kwargs.setdefault("outbox", outbox)
         kwargs.setdefault("retry", FAST)
@@ -218,7 +230,7 @@ def _factory(outbox: str | Path, kind: str, made: list[Any]) -> Callable[..., po
 
 
 @pytest.fixture
-def make_client(outbox: str, client_kind: str) -> Iterator[ClientFactory]:
+def make_client(outbox: OutboxUnderTest, client_kind: str) -> Iterator[ClientFactory]:
     """Build clients (sync or async, per run) on this test's outbox with fast retries."""
     made: list[Any] = []
     yield _factory(outbox, client_kind, made)
@@ -227,7 +239,7 @@ def make_client(outbox: str, client_kind: str) -> Iterator[ClientFactory]:
 
 
 @pytest.fixture
-def make_sync_client(outbox: str) -> Iterator[ClientFactory]:
+def make_sync_client(outbox: OutboxUnderTest) -> Iterator[ClientFactory]:
     """Build sync clients only, for tests of Client's own surface."""
     made: list[Any] = []
     yield _factory(outbox, "sync", made)

@@ -32,9 +32,9 @@ class Never:
         return httpx.Response(201)
 
 
-def stored_references(spec: str) -> list[str]:
+def stored_references(spec: str | postonce.Store) -> list[str]:
     """The references in an outbox, or none if the call never created it."""
-    if not spec.startswith("postgresql://") and not Path(spec).exists():
+    if isinstance(spec, str) and not spec.startswith("postgresql://") and not Path(spec).exists():
         return []
     store = open_store(spec)
     try:

@@ -100,7 +100,7 @@ def test_readme_set_up_has_exactly_two_commands() -> None:
 def test_public_names_are_exported_and_documented() -> None:
     """__all__ lists exactly the public names of postonce, each with a docstring."""
     public = {name for name in dir(postonce) if not name.startswith("_")}
-    modules = {"providers"}
+    modules = {"providers", "testing"}
     assert set(postonce.__all__) - {"__version__"} == public - modules
     for name in postonce.__all__:
         obj = getattr(postonce, name)

@@ -93,6 +93,15 @@ def _tenacity_wait(strategy: tenacity.wait.wait_base, attempt: int) -> float:
     return float(strategy(state))
 
 
+class _Testing:
+    """The switch behind ``postonce.testing.set_testing`` (process-wide)."""
+
+    on = False
+
+
+TESTING = _Testing()
+
+
 def backoff(
     policy: RetryPolicy,
     outcome: Outcome,
@@ -100,7 +109,14 @@ def backoff(
     headers: Mapping[str, str],
     now: float,
 ) -> float:
-    """The wait before attempt ``attempt + 1``: Retry-After when given, else jittered backoff."""
+    """The wait before attempt ``attempt + 1``: Retry-After when given, else jittered backoff.
+
+    Under ``postonce.testing.set_testing()`` there is no wait, but for an
+    in-flight answer, which waits at most 10 ms: the first request is still
+    running, and a zero wait would only spin.
+    """
+    if TESTING.on:
+        return 0.01 if outcome is Outcome.IN_PROGRESS else 0.0
     hinted = retry_after(headers, now)
     if hinted is not None:
         return min(hinted, policy.retry_after_max)
