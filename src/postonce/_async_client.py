@@ -75,7 +75,7 @@ class AsyncClient(BaseClient):
         )
         self._http: httpx.AsyncClient
         self._http, self._owns_http = self._own_http(
-            http, httpx.AsyncClient, base_url, headers, httpx_options
+            http, "AsyncClient", base_url, headers, httpx_options
         )
         self._thread: StoreThread | None = None
         self._opening: anyio.Lock | None = None

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Generator, Sequence
 from datetime import datetime, timedelta
+from types import ModuleType
 from typing import Any, TypedDict, TypeVar
 
 import httpx
@@ -21,6 +22,7 @@ import httpx
 from ._budget import RetryBudget
 from ._exceptions import ConfigurationError, PostonceError
 from ._flow import Effect, Sender, StoreCall, send_claimed
+from ._http import library_of
 from ._intent import IntentRecord
 from ._observe import Hooks
 from ._outbox.base import NewIntent, Opened, Store
@@ -111,6 +113,7 @@ class BaseClient:
         self._open_lock = threading.Lock()
         self.owner = f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(4)}"
         self._clock: Callable[[], float] = clock if clock is not None else time.time
+        self._lib: ModuleType = httpx  # set with the httpx client: httpx or httpx2
         self.hooks: tuple[Hooks, ...] = (
             () if hooks is None else (hooks,) if isinstance(hooks, Hooks) else tuple(hooks)
         )
@@ -125,21 +128,28 @@ class BaseClient:
             else retry_budget
         )
 
-    @staticmethod
     def _own_http(
+        self,
         http: HttpT | None,
-        make: Callable[..., HttpT],
+        kind: str,
         base_url: httpx.URL | str,
         headers: HeaderInput,
         options: dict[str, Any],
     ) -> tuple[HttpT, bool]:
-        """The caller's httpx client (theirs to close), or one built here (ours)."""
+        """The caller's httpx client (theirs to close), or one built here (ours).
+
+        ``kind`` is ``"Client"`` or ``"AsyncClient"``. The library is httpx,
+        or httpx2 when the caller's client or transport is httpx2's.
+        """
         if http is None:
-            return make(base_url=base_url, headers=headers, **options), True
+            self._lib = library_of(options.get("transport"))
+            made: HttpT = getattr(self._lib, kind)(base_url=base_url, headers=headers, **options)
+            return made, True
         if options or headers is not None or base_url:
             raise ConfigurationError(
                 "pass base_url, headers and httpx options to your httpx client, not beside http="
             )
+        self._lib = library_of(http)
         return http, False
 
     # -- the outbox ----------------------------------------------------------
@@ -230,6 +240,9 @@ class BaseClient:
         secret_headers: tuple[tuple[str, str], ...] = (),
         parsed_url: tuple[str, httpx.URL] | None = None,
     ) -> Sender:
+        lib = self._lib
+        if timeout is httpx.USE_CLIENT_DEFAULT:
+            timeout = lib.USE_CLIENT_DEFAULT  # httpx2's client knows only its own marker
         return Sender(
             provider=provider,
             policy=retry if retry is not None else self.retry,
@@ -242,6 +255,7 @@ class BaseClient:
             parsed_url=parsed_url,
             hooks=self.hooks,
             retry_budget=self.retry_budget,
+            lib=lib,
         )
 
     def _drain_flow(self, opened: Opened) -> Generator[Effect, Any, httpx.Response]:

@@ -5,20 +5,15 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 
-import httpx
-
+from ._http import LIBRARIES
 from ._intent import Outcome
 from .providers import Provider, StatusRule
 
 __all__ = ["classify_exception", "classify_response", "error_codes", "is_replay"]
 
-# The server cannot have seen a request that never got a connection.
-_NOT_SENT: tuple[type[BaseException], ...] = (
-    httpx.ConnectError,
-    httpx.ConnectTimeout,
-    httpx.PoolTimeout,
-    httpx.UnsupportedProtocol,
-)
+# The server cannot have seen a request that never got a connection. Named, not
+# imported: httpx and httpx2 raise classes of the same names from two packages.
+_NOT_SENT = frozenset({"ConnectError", "ConnectTimeout", "PoolTimeout", "UnsupportedProtocol"})
 _CODE_KEYS = frozenset(
     {"code", "type", "reason", "errorCode", "error_code", "errorType", "__type", "Code"}
 )
@@ -31,8 +26,9 @@ def classify_exception(exc: BaseException) -> Outcome:
     Everything else, including exceptions postonce does not know, is
     AMBIGUOUS: the request may have been written, so it may have been applied.
     """
-    if isinstance(exc, _NOT_SENT):
-        return Outcome.NOT_SENT
+    for cls in type(exc).__mro__:
+        if cls.__name__ in _NOT_SENT and cls.__module__.partition(".")[0] in LIBRARIES:
+            return Outcome.NOT_SENT
     return Outcome.AMBIGUOUS
 
 

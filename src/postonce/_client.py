@@ -85,7 +85,7 @@ class Client(BaseClient):
         )
         self._http: httpx.Client
         self._http, self._owns_http = self._own_http(
-            http, httpx.Client, base_url, headers, httpx_options
+            http, "Client", base_url, headers, httpx_options
         )
         self._writer: WriteBehind | None = None
 

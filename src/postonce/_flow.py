@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import httpx
@@ -113,6 +114,7 @@ class Sender:
     parsed_url: tuple[str, httpx.URL] | None = None
     hooks: tuple[Hooks, ...] = ()
     retry_budget: RetryBudget | None = None  # client-wide; charged by foreground retries
+    lib: ModuleType = httpx  # httpx, or httpx2 when the caller's client is httpx2's
 
 
 def _annotate(response: httpx.Response, info: IntentInfo) -> httpx.Response:
@@ -120,8 +122,11 @@ def _annotate(response: httpx.Response, info: IntentInfo) -> httpx.Response:
     return response
 
 
-def from_outbox(record: IntentRecord) -> httpx.Response:
-    """The stored answer of a terminal intent, or the error that stands for it."""
+def from_outbox(record: IntentRecord, lib: ModuleType = httpx) -> httpx.Response:
+    """The stored answer of a terminal intent, or the error that stands for it.
+
+    ``lib`` is the HTTP library whose Response to build: httpx or httpx2.
+    """
     if record.purged_at is not None:
         raise IntentPurged(
             f"it finished as {record.state.value} and was purged; only its tombstone is left, "
@@ -150,11 +155,11 @@ def from_outbox(record: IntentRecord) -> httpx.Response:
             state=record.state.value,
             note=record.note or "",
         )
-    response = httpx.Response(
+    response: httpx.Response = lib.Response(
         stored.status,
         headers=list(stored.headers),
         content=stored.body,
-        request=httpx.Request(record.method, record.url),
+        request=lib.Request(record.method, record.url),
     )
     info = IntentInfo(
         reference=record.reference,
@@ -202,7 +207,7 @@ def run(sender: Sender, new: NewIntent) -> Generator[Effect, Any, httpx.Response
         if opened.lease is not None:
             break
         if record.state in TERMINAL:
-            return from_outbox(record)
+            return from_outbox(record, sender.lib)
         # Another sender holds the lease: look again soon (it is usually about to
         # finish), then less often, until it finishes or its lease runs out.
         now = clock()
@@ -430,7 +435,7 @@ def _send_claimed(
         progress.in_send = True
         try:
             response = yield Send(request)
-        except httpx.TransportError as exc:
+        except sender.lib.TransportError as exc:
             outcome = classify_exception(exc)
             error_type = type(exc).__name__
             cause: Exception | None = exc
@@ -456,7 +461,7 @@ def _send_claimed(
         step = decide(
             outcome,
             status=response.status_code if response is not None else None,
-            headers=response.headers if response is not None else httpx.Headers(),
+            headers=response.headers if response is not None else sender.lib.Headers(),
             now=now,
             attempt=attempt,
             anchor=anchor,

@@ -100,7 +100,9 @@ def merge_url(
     if params or http.params:
         # httpx's own query merging has version-dependent details: ask httpx.
         return http.build_request("POST", url, params=params).url
-    merged = httpx.URL(url)
+    # The client's own URL type: httpx's, or httpx2's for an httpx2 client.
+    url_type = type(http.base_url)
+    merged = url_type(url if isinstance(url, str | url_type) else str(url))
     if merged.is_relative_url:
         base = http.base_url
         merged = base.copy_with(raw_path=base.raw_path + merged.raw_path.lstrip(b"/"))

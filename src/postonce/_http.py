@@ -1,0 +1,35 @@
+"""httpx or httpx2: which HTTP library a client speaks, found from what the caller passed.
+
+httpx2 is httpx's maintained continuation with the same API under another
+import name. postonce depends on httpx and uses it by default; a caller who
+passes an ``httpx2`` client (``http=``) or transport (``transport=``) gets a
+client that builds httpx2 requests, sends with httpx2 and returns httpx2
+responses. Nothing changes what ``import httpx`` means in the process.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+import httpx
+
+__all__ = ["LIBRARIES", "library_of"]
+
+#: The top-level package names postonce knows to share httpx's API.
+LIBRARIES = ("httpx", "httpx2")
+
+
+def library_of(obj: object) -> ModuleType:
+    """The library (module) an httpx-like client or transport belongs to; httpx by default.
+
+    Looks along the class's bases, so a transport written elsewhere that
+    subclasses ``httpx2.BaseTransport`` counts as httpx2.
+    """
+    if obj is None:
+        return httpx
+    for cls in type(obj).__mro__:
+        top = cls.__module__.partition(".")[0]
+        if top in LIBRARIES:
+            return importlib.import_module(top)
+    return httpx
