@@ -213,12 +213,87 @@ def client_kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+# POSTONCE_TEST_HTTP=httpx2 runs every factory-made client on httpx2 (CI runs
+# the suite both ways). Tests keep writing httpx mock handlers: they are
+# adapted, so the client itself only ever sees httpx2 objects.
+HTTP_LIBRARY = os.environ.get("POSTONCE_TEST_HTTP", "httpx")
+#: The Response class the factory's clients return.
+Response: type[Any] = httpx.Response
+if HTTP_LIBRARY == "httpx2":
+    import httpx2
+
+    Response = httpx2.Response
+
+
+def _as_httpx2(transport: Any, kind: str) -> Any:
+    """An httpx transport the test built, as the httpx2 transport that does the same."""
+    import httpx2
+
+    if transport is None:
+        return httpx2.HTTPTransport() if kind == "sync" else httpx2.AsyncHTTPTransport()
+    if not isinstance(transport, httpx.MockTransport):
+        return transport  # e.g. a third-party httpx transport: kept as the test chose
+    handler = transport.handler
+
+    def request_of(request: Any) -> httpx.Request:
+        return httpx.Request(
+            request.method,
+            str(request.url),
+            headers=request.headers.raw,  # raw: names keep their case on the wire
+            content=request.content,
+            extensions=request.extensions,
+        )
+
+    def response_of(response: httpx.Response) -> Any:
+        return httpx2.Response(
+            response.status_code,
+            headers=response.headers.raw,
+            content=response.read(),
+        )
+
+    def error_of(exc: Exception) -> Exception:
+        twin = (
+            getattr(httpx2, type(exc).__name__, None) if isinstance(exc, httpx.HTTPError) else None
+        )
+        return twin(str(exc)) if twin is not None else exc
+
+    if asyncio.iscoroutinefunction(handler):
+
+        async def async_adapted(request: Any) -> Any:
+            try:
+                return response_of(await handler(request_of(request)))
+            except Exception as exc:
+                raise error_of(exc) from exc
+
+        return httpx2.MockTransport(async_adapted)
+
+    def adapted(request: Any) -> Any:
+        try:
+            answer = handler(request_of(request))
+            if asyncio.iscoroutine(answer):  # an async handler that is not a coroutine function
+
+                async def finish() -> Any:
+                    try:
+                        return response_of(await answer)
+                    except Exception as exc:
+                        raise error_of(exc) from exc
+
+                return finish()
+            return response_of(answer)
+        except Exception as exc:
+            raise error_of(exc) from exc
+
+    return httpx2.MockTransport(adapted)
+
+
 def _factory(
     outbox: OutboxUnderTest | Path, kind: str, made: list[Any]
 ) -> Callable[..., postonce.Client]:
     def factory(base_url: str = "http://api.test", **kwargs: Any) -> postonce.Client:
         kwargs.setdefault("outbox", outbox)
         kwargs.setdefault("retry", FAST)
+        if HTTP_LIBRARY == "httpx2" and "http" not in kwargs:
+            kwargs["transport"] = _as_httpx2(kwargs.get("transport"), kind)
         if kind == "sync":
             client: Any = postonce.Client(base_url, **kwargs)
         else:

@@ -46,6 +46,7 @@ def run_python(code: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
         "docs/stripe.md",
         "docs/adyen.md",
         "docs/custom-provider.md",
+        "docs/observability.md",
     ],
 )
 def test_every_python_example_runs(doc: str, tmp_path: Path) -> None:
@@ -100,7 +101,7 @@ def test_readme_set_up_has_exactly_two_commands() -> None:
 def test_public_names_are_exported_and_documented() -> None:
     """__all__ lists exactly the public names of postonce, each with a docstring."""
     public = {name for name in dir(postonce) if not name.startswith("_")}
-    modules = {"providers", "testing"}
+    modules = {"providers", "testing", "otel"}
     assert set(postonce.__all__) - {"__version__"} == public - modules
     for name in postonce.__all__:
         obj = getattr(postonce, name)

@@ -100,7 +100,7 @@ def test_hooks_see_each_attempt_the_retry_and_the_replay(outbox_path: Path) -> N
         State.SUCCEEDED,
     )
     assert replay == ReplayDetail("h-1", script.keys[0], 2, 201)
-    assert end == EndDetail("h-1", script.keys[0], State.SUCCEEDED, 2, None)
+    assert end == EndDetail("h-1", script.keys[0], State.SUCCEEDED, 2, None, "ietf_draft", False)
     with pytest.raises(dataclasses.FrozenInstanceError):
         first.attempt = 9
 

@@ -266,7 +266,9 @@ def send_claimed(
     In the foreground, retries sleep within the caller's budget. In the drain
     (``foreground=False``) nothing sleeps: every retry becomes a due time.
     """
-    progress = _Progress(lease=lease, delivered_maybe=anchor_before is not None)
+    progress = _Progress(
+        lease=lease, delivered_maybe=anchor_before is not None, attempts=record.attempts
+    )
     clock = sender.clock
     observed = bool(sender.hooks)
     if observed:
@@ -295,7 +297,15 @@ def send_claimed(
         if observed:
             emit(
                 sender.hooks,
-                EndDetail(record.reference, record.key, state, progress.attempts, error),
+                EndDetail(
+                    record.reference,
+                    record.key,
+                    state,
+                    progress.attempts,
+                    error,
+                    record.provider,
+                    not foreground,
+                ),
             )
 
 

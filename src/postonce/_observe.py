@@ -108,8 +108,10 @@ class EndDetail:
     intent: str
     key: str
     state: State | None  # None when it ended by an error before a state was recorded
-    attempts: int
+    attempts: int  # the intent's sends so far, across calls and processes
     error: str | None  # the exception's type name, if it raised
+    provider: str = ""
+    drain: bool = False
 
 
 @dataclass(frozen=True, slots=True)
