@@ -507,31 +507,69 @@ class PostgresStore:
         due_by = now if due_by is None else min(due_by, now)
         claimed: list[Opened] = []
         with self._write(durable=True) as conn:
+            # Each arm reads only its first rows from its partial index, so a claim
+            # costs O(limit), not O(backlog); rows other hosts hold are skipped, so
+            # each arm looks a little further than ``limit``.
+            ahead = limit * 2 + 8
             rows = conn.execute(
                 self._sql(
-                    f"SELECT {COLUMNS} FROM {{schema}}.intents"
-                    " WHERE (state = 'pending' AND due_at <= %s)"
-                    " OR (state = 'sending' AND lease_expires_at <= %s)"
+                    f"SELECT {COLUMNS} FROM {{schema}}.intents WHERE id IN ("
+                    " (SELECT id FROM {schema}.intents WHERE state = 'pending' AND due_at <= %s"
+                    "  ORDER BY due_at, id LIMIT %s)"
+                    " UNION"
+                    " (SELECT id FROM {schema}.intents"
+                    "  WHERE state = 'sending' AND lease_expires_at <= %s"
+                    "  ORDER BY COALESCE(due_at, lease_expires_at), id LIMIT %s)"
                     # A clock that went back leaves due times far ahead: pending rows
                     # touched "in the future" are due now (a live lease is never cut short).
-                    " OR (state = 'pending' AND updated_at > %s)"
+                    " UNION"
+                    " (SELECT id FROM {schema}.intents WHERE state = 'pending' AND updated_at > %s"
+                    "  ORDER BY COALESCE(due_at, lease_expires_at), id LIMIT %s)"
+                    ")"
+                    # Re-checked under the row lock: another host may have claimed it.
+                    " AND ((state = 'pending' AND due_at <= %s)"
+                    "  OR (state = 'sending' AND lease_expires_at <= %s)"
+                    "  OR (state = 'pending' AND updated_at > %s))"
                     " ORDER BY COALESCE(due_at, lease_expires_at), id LIMIT %s"
                     " FOR UPDATE SKIP LOCKED"
                 ),
-                (due_by, due_by, now + CLOCK_TOLERANCE, limit),
+                (
+                    due_by,
+                    ahead,
+                    due_by,
+                    ahead,
+                    now + CLOCK_TOLERANCE,
+                    ahead,
+                    due_by,
+                    due_by,
+                    now + CLOCK_TOLERANCE,
+                    limit,
+                ),
             ).fetchall()
-            for row in rows:
-                record = decode_row(row)
-                token = os.urandom(12).hex()
-                anchor = record.first_delivery_at if record.delivered_maybe else now
+            records = [decode_row(row) for row in rows]
+            tokens = [os.urandom(12).hex() for _ in records]
+            anchors = [r.first_delivery_at if r.delivered_maybe else now for r in records]
+            if records:
+                # One round trip for the whole claim, not one per row.
                 conn.execute(
                     self._sql(
-                        "UPDATE {schema}.intents SET state = %s, lease_owner = %s,"
-                        " lease_expires_at = %s, claim_token = %s, first_delivery_at = %s,"
-                        " updated_at = %s WHERE id = %s"
+                        "UPDATE {schema}.intents AS i SET state = %s, lease_owner = %s,"
+                        " lease_expires_at = %s, claim_token = v.token,"
+                        " first_delivery_at = v.anchor, updated_at = %s"
+                        " FROM unnest(%s::bigint[], %s::text[], %s::double precision[])"
+                        " AS v(id, token, anchor) WHERE i.id = v.id"
                     ),
-                    (State.SENDING.value, owner, expires, token, anchor, now, record.id),
+                    (
+                        State.SENDING.value,
+                        owner,
+                        expires,
+                        now,
+                        [r.id for r in records],
+                        tokens,
+                        anchors,
+                    ),
                 )
+            for record, token, anchor in zip(records, tokens, anchors, strict=True):
                 claimed.append(
                     Opened(
                         dataclasses.replace(

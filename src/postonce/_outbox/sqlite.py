@@ -605,17 +605,24 @@ class SQLiteStore:
         due_by = now if due_by is None else min(due_by, now)
         claimed: list[Opened] = []
         with self._write(durable=True) as conn:
+            # Each arm takes only its first ``limit`` rows (the pending arm straight
+            # from its index, in order), so a claim costs O(limit), not O(backlog).
             rows = conn.execute(
                 f"SELECT {COLUMNS} FROM intents WHERE id IN ("
-                " SELECT id FROM intents WHERE state = 'pending' AND due_at <= ?"
+                " SELECT id FROM (SELECT id FROM intents"
+                "  WHERE state = 'pending' AND due_at <= ? ORDER BY due_at, id LIMIT ?)"
                 " UNION"
-                " SELECT id FROM intents WHERE state = 'sending' AND lease_expires_at <= ?"
+                " SELECT id FROM (SELECT id FROM intents"
+                "  WHERE state = 'sending' AND lease_expires_at <= ?"
+                "  ORDER BY COALESCE(due_at, lease_expires_at), id LIMIT ?)"
                 # A clock that went back leaves due times far ahead: pending rows
                 # touched "in the future" are due now (a live lease is never cut short).
                 " UNION"
-                " SELECT id FROM intents WHERE state = 'pending' AND updated_at > ?"
+                " SELECT id FROM (SELECT id FROM intents"
+                "  WHERE state = 'pending' AND updated_at > ?"
+                "  ORDER BY COALESCE(due_at, lease_expires_at), id LIMIT ?)"
                 ") ORDER BY COALESCE(due_at, lease_expires_at), id LIMIT ?",
-                (due_by, due_by, now + CLOCK_TOLERANCE, limit),
+                (due_by, limit, due_by, limit, now + CLOCK_TOLERANCE, limit, limit),
             ).fetchall()
             for row in rows:
                 record = decode_row(row)
