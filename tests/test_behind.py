@@ -101,7 +101,8 @@ def test_a_lost_deferred_record_is_repaired_by_the_drain(
     def failing(calls: list[tuple[str, dict[str, Any]]]) -> list[tuple[bool, Any]]:
         if calls[0][0] == "record":
             return [(False, postonce.OutboxError("disk full (simulated)"))] * len(calls)
-        return real_batch(calls)
+        results: list[tuple[bool, Any]] = real_batch(calls)
+        return results
 
     monkeypatch.setattr(store, "run_batch", failing)
     with caplog.at_level(logging.WARNING, logger="postonce"):
