@@ -1,18 +1,18 @@
 """Write-behind for the blocking client: the record of a 2xx answer leaves the hot path.
 
 A flow marks a store call ``behind`` when nobody waits for its result: the
-record of a final 2xx answer. Such a call is queued here and committed by a
-thread of its own (named ``postonce-outbox-behind``) while the caller goes on,
-usually while its next request is on the wire. If the caller's next store
-call comes first, the queued calls ride in the same transaction as that call
-(one commit for both).
+record of a final 2xx answer. Such a call is queued here. The caller's next
+store call (usually the next intent's write-ahead) takes the queue along in
+its own transaction, so a busy caller pays one commit per intent, not two.
+If no call comes within ``delay`` (20 ms), a thread of the client's own
+(``postonce-outbox-behind``, which otherwise sleeps) commits the queue.
 
 Why losing one is safe: until it commits, the intent is ``sending`` under a
 lease. If the process dies in that window, the lease expires and the drain
 sends the same key again, and the provider replays the stored answer. That is
 the repair a ``synchronous=NORMAL`` commit already relies on after a power cut;
 write-behind only widens the window from "the last few commits before a power
-cut" to "the last milliseconds before a crash".
+cut" to "the last ``delay`` before a crash".
 
 Read-your-writes holds within the process: every other call first commits what
 is queued, in order, under the same lock, so a second ``post_once`` of the same
@@ -25,6 +25,7 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
+import time
 import weakref
 from typing import Any
 
@@ -49,8 +50,10 @@ def _flush_all() -> None:
 class WriteBehind:
     """Runs a store's calls in order; calls nobody waits for are committed behind the caller."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, delay: float = 0.02) -> None:
         self.store = store
+        self.delay = delay  # longest a queued call waits for a ride before the thread commits it
+        self._queued_at = 0.0  # when the oldest queued call was queued (monotonic)
         self._queue: list[Call] = []
         self._wake = threading.Condition()
         self._run_lock = threading.Lock()  # held while queued calls run: keeps them in order
@@ -65,13 +68,14 @@ class WriteBehind:
                 closed = True
             else:
                 closed = False
+                if not self._queue:
+                    self._queued_at = time.monotonic()
                 self._queue.append((method, kwargs))
                 if self._thread is None:
                     self._thread = threading.Thread(
                         target=self._loop, name="postonce-outbox-behind", daemon=True
                     )
                     self._thread.start()
-                self._wake.notify()
         if closed:  # after close: nothing will flush it, so run it now
             self.call(method, kwargs)
 
@@ -127,12 +131,15 @@ class WriteBehind:
         return results
 
     def _loop(self) -> None:
+        """Commit what waited ``delay`` without a ride; otherwise sleep."""
         while True:
             with self._wake:
-                while not self._queue and not self._closed:
-                    self._wake.wait()
-                if self._closed and not self._queue:
-                    return
+                if self._closed:
+                    return  # close() commits the rest
+                self._wake.wait(self.delay)
+                stale = bool(self._queue) and time.monotonic() - self._queued_at >= self.delay
+            if not stale:
+                continue
             try:
                 self.flush()
             except Exception:  # pragma: no cover - _run catches store errors
