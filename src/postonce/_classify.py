@@ -82,6 +82,8 @@ def classify_response(
     Order matters: a key-reuse answer is never retried, even where the retry
     hint says otherwise; an in-flight answer always waits on the same key.
     """
+    if status < 400:  # the common case: no rule or hint applies below 400
+        return Outcome.RETRYABLE if status in provider.retryable_statuses else Outcome.FINAL
     needs_body = any(r.code is not None for r in (*provider.mismatch, *provider.in_flight))
     codes: frozenset[str] | str = error_codes(body) if needs_body and status >= 400 else ""
     if any(_matches(rule, status, codes) for rule in provider.mismatch) and status >= 400:

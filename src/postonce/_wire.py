@@ -8,6 +8,7 @@ the stored JSON body, so every later send carries it unchanged.
 
 from __future__ import annotations
 
+import functools
 import json as jsonlib
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -90,6 +91,13 @@ def _encode_body(
     return b"", None
 
 
+@functools.lru_cache(maxsize=512)
+def _parsed(url_type: Any, url: str) -> httpx.URL:
+    """A URL parsed once: services post to a few URLs many times, and URLs are immutable."""
+    parsed: httpx.URL = url_type(url)
+    return parsed
+
+
 def merge_url(
     http: httpx.Client | httpx.AsyncClient, url: httpx.URL | str, params: Any
 ) -> httpx.URL:
@@ -101,8 +109,12 @@ def merge_url(
         # httpx's own query merging has version-dependent details: ask httpx.
         return http.build_request("POST", url, params=params).url
     # The client's own URL type: httpx's, or httpx2's for an httpx2 client.
-    url_type = type(http.base_url)
-    merged = url_type(url if isinstance(url, str | url_type) else str(url))
+    url_type: Any = type(http.base_url)
+    merged: httpx.URL
+    if isinstance(url, url_type):
+        merged = url
+    else:
+        merged = _parsed(url_type, url if isinstance(url, str) else str(url))
     if merged.is_relative_url:
         base = http.base_url
         merged = base.copy_with(raw_path=base.raw_path + merged.raw_path.lstrip(b"/"))

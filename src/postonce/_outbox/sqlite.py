@@ -99,24 +99,22 @@ def _v1(db: sqlite_utils.Database) -> None:
     db.execute("CREATE INDEX intents_due ON intents (due_at) WHERE state = 'pending'")
     db.execute("CREATE INDEX intents_touched ON intents (updated_at) WHERE state = 'pending'")
     db.execute("CREATE INDEX intents_lease ON intents (lease_expires_at) WHERE state = 'sending'")
-    db.table("attempts").create(
-        {
-            "id": int,
-            "intent_id": int,
-            "number": int,
-            "started_at": float,
-            "duration": float,
-            "outcome": str,
-            "status": int,
-            "error_type": str,
-            "replayed": int,
-            "owner": str,
-        },
-        pk="id",
-        not_null=["intent_id", "number", "started_at", "duration", "outcome"],
-        foreign_keys=[("intent_id", "intents", "id")],
+    # WITHOUT ROWID, keyed by (intent, number): one B-tree per attempt written,
+    # not a table and an index.
+    db.execute(
+        "CREATE TABLE attempts ("
+        " intent_id INTEGER NOT NULL REFERENCES intents (id),"
+        " number INTEGER NOT NULL,"
+        " started_at FLOAT NOT NULL,"
+        " duration FLOAT NOT NULL,"
+        " outcome TEXT NOT NULL,"
+        " status INTEGER,"
+        " error_type TEXT,"
+        " replayed INTEGER,"
+        " owner TEXT,"
+        " PRIMARY KEY (intent_id, number)"
+        ") WITHOUT ROWID"
     )
-    db.table("attempts").create_index(["intent_id", "number"], index_name="attempts_intent")
 
 
 #: MIGRATIONS[n] takes a database at schema version n to n + 1.
