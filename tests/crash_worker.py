@@ -11,6 +11,7 @@ The tests SIGKILL it at random moments and finish its intents elsewhere.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import anyio
@@ -23,7 +24,12 @@ def main(argv: list[str]) -> int:
     retry = postonce.RetryPolicy(
         wait_initial=0.01, wait_max=0.05, in_flight_initial=0.02, in_flight_max=0.1
     )
-    options = {"outbox": outbox, "retry": retry, "lease_seconds": float(lease)}
+    options: dict[str, object] = {"outbox": outbox, "retry": retry, "lease_seconds": float(lease)}
+    if os.environ.get("POSTONCE_TEST_HTTP") == "httpx2":  # the CI pass on httpx2
+        import httpx2
+
+        async_mode = "async" in flags
+        options["transport"] = httpx2.AsyncHTTPTransport() if async_mode else httpx2.HTTPTransport()
     references = [f"{prefix}-{i}" for i in range(int(count))]
 
     def body(reference: str) -> dict[str, object]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -125,3 +126,29 @@ def test_a_lost_deferred_record_is_repaired_by_the_drain(
     assert final is not None
     assert final.state is State.SUCCEEDED
     client.close()
+
+
+def test_with_nothing_queued_calls_reach_the_store_in_parallel() -> None:
+    """A drain's worker threads share one client: they must not queue behind one lock."""
+    both_inside = threading.Barrier(2, timeout=5)
+
+    class SlowStore:
+        def get(self, reference: str) -> None:
+            both_inside.wait()  # raises BrokenBarrierError if the calls were serialised
+
+    writer = WriteBehind(SlowStore())  # type: ignore[arg-type]
+    errors: list[BaseException] = []
+
+    def worker(name: str) -> None:
+        try:
+            writer.call("get", {"reference": name})
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(f"t{i}",)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    writer.close()
+    assert errors == []

@@ -47,6 +47,9 @@ def run_python(code: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
         "docs/adyen.md",
         "docs/custom-provider.md",
         "docs/observability.md",
+        "docs/testing.md",
+        "docs/httpx2.md",
+        "docs/retry-budget.md",
     ],
 )
 def test_every_python_example_runs(doc: str, tmp_path: Path) -> None:

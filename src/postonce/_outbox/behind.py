@@ -55,6 +55,8 @@ class WriteBehind:
         self.delay = delay  # longest a queued call waits for a ride before the thread commits it
         self._queued_at = 0.0  # when the oldest queued call was queued (monotonic)
         self._queue: list[Call] = []
+        # Queued or being committed: while nonzero, calls wait their turn (read-your-writes).
+        self._unsettled = 0
         self._wake = threading.Condition()
         self._run_lock = threading.Lock()  # held while queued calls run: keeps them in order
         self._thread: threading.Thread | None = None
@@ -71,6 +73,7 @@ class WriteBehind:
                 if not self._queue:
                     self._queued_at = time.monotonic()
                 self._queue.append((method, kwargs))
+                self._unsettled += 1
                 if self._thread is None:
                     self._thread = threading.Thread(
                         target=self._loop, name="postonce-outbox-behind", daemon=True
@@ -80,12 +83,22 @@ class WriteBehind:
             self.call(method, kwargs)
 
     def call(self, method: str, kwargs: dict[str, Any]) -> Any:
-        """Run a call after everything queued before it; return its result or raise."""
+        """Run a call after everything queued before it; return its result or raise.
+
+        With nothing queued or being committed, the call goes straight to the
+        store, so threads sharing a client (a drain's workers) still reach a
+        pooled store in parallel.
+        """
+        if not self._unsettled:
+            return getattr(self.store, method)(**kwargs)
         with self._run_lock:
             queued = self._take()
             if not queued:
                 return getattr(self.store, method)(**kwargs)
-            ok, result = self._run([*queued, (method, kwargs)], deferred=len(queued))[-1]
+            try:
+                ok, result = self._run([*queued, (method, kwargs)], deferred=len(queued))[-1]
+            finally:
+                self._settled(len(queued))
         if not ok:
             raise result
         return result
@@ -95,7 +108,14 @@ class WriteBehind:
         with self._run_lock:
             queued = self._take()
             if queued:
-                self._run(queued, deferred=len(queued))
+                try:
+                    self._run(queued, deferred=len(queued))
+                finally:
+                    self._settled(len(queued))
+
+    def _settled(self, count: int) -> None:
+        with self._wake:
+            self._unsettled -= count
 
     def _take(self) -> list[Call]:
         with self._wake:
