@@ -507,44 +507,51 @@ class PostgresStore:
         due_by = now if due_by is None else min(due_by, now)
         claimed: list[Opened] = []
         with self._write(durable=True) as conn:
-            # Each arm reads only its first rows from its partial index, so a claim
-            # costs O(limit), not O(backlog); rows other hosts hold are skipped, so
-            # each arm looks a little further than ``limit``.
+            # Candidates first, without locks: each arm reads only its first rows
+            # from its partial index, so a claim costs O(limit), not O(backlog);
+            # each looks a little further than ``limit``, since rows other hosts
+            # hold are skipped below.
             ahead = limit * 2 + 8
+            candidates = [
+                row[0]
+                for row in conn.execute(
+                    self._sql(
+                        "(SELECT id FROM {schema}.intents WHERE state = 'pending' AND due_at <= %s"
+                        " ORDER BY due_at, id LIMIT %s)"
+                        " UNION"
+                        " (SELECT id FROM {schema}.intents"
+                        " WHERE state = 'sending' AND lease_expires_at <= %s"
+                        " ORDER BY COALESCE(due_at, lease_expires_at), id LIMIT %s)"
+                        # A clock that went back leaves due times far ahead: pending rows
+                        # touched "in the future" are due now (a live lease is never cut short).
+                        " UNION"
+                        " (SELECT id FROM {schema}.intents"
+                        " WHERE state = 'pending' AND updated_at > %s"
+                        " ORDER BY COALESCE(due_at, lease_expires_at), id LIMIT %s)"
+                    ),
+                    (due_by, ahead, due_by, ahead, now + CLOCK_TOLERANCE, ahead),
+                ).fetchall()
+            ]
+            if not candidates:
+                return []
+            # Then lock them by primary key, skipping rows another host holds, and
+            # check again under the lock: another host may have claimed one since.
+            # (Joined to the list, so each row is looked up by its key.)
+            columns = ", ".join(f"i.{name.strip()}" for name in COLUMNS.split(","))
             rows = conn.execute(
                 self._sql(
-                    f"SELECT {COLUMNS} FROM {{schema}}.intents WHERE id IN ("
-                    " (SELECT id FROM {schema}.intents WHERE state = 'pending' AND due_at <= %s"
-                    "  ORDER BY due_at, id LIMIT %s)"
-                    " UNION"
-                    " (SELECT id FROM {schema}.intents"
-                    "  WHERE state = 'sending' AND lease_expires_at <= %s"
-                    "  ORDER BY COALESCE(due_at, lease_expires_at), id LIMIT %s)"
-                    # A clock that went back leaves due times far ahead: pending rows
-                    # touched "in the future" are due now (a live lease is never cut short).
-                    " UNION"
-                    " (SELECT id FROM {schema}.intents WHERE state = 'pending' AND updated_at > %s"
-                    "  ORDER BY COALESCE(due_at, lease_expires_at), id LIMIT %s)"
-                    ")"
-                    # Re-checked under the row lock: another host may have claimed it.
-                    " AND ((state = 'pending' AND due_at <= %s)"
-                    "  OR (state = 'sending' AND lease_expires_at <= %s)"
-                    "  OR (state = 'pending' AND updated_at > %s))"
-                    " ORDER BY COALESCE(due_at, lease_expires_at), id LIMIT %s"
-                    " FOR UPDATE SKIP LOCKED"
+                    f"SELECT {columns} FROM unnest(%s::bigint[]) AS c(id)"
+                    " JOIN {schema}.intents AS i ON i.id = c.id"
+                    # A CASE, not ORs: the planner cannot turn it back into a scan of
+                    # every due row; it filters the rows looked up by key.
+                    " WHERE CASE i.state"
+                    "  WHEN 'pending' THEN i.due_at <= %s OR i.updated_at > %s"
+                    "  WHEN 'sending' THEN i.lease_expires_at <= %s"
+                    "  ELSE false END"
+                    " ORDER BY COALESCE(i.due_at, i.lease_expires_at), i.id LIMIT %s"
+                    " FOR UPDATE OF i SKIP LOCKED"
                 ),
-                (
-                    due_by,
-                    ahead,
-                    due_by,
-                    ahead,
-                    now + CLOCK_TOLERANCE,
-                    ahead,
-                    due_by,
-                    due_by,
-                    now + CLOCK_TOLERANCE,
-                    limit,
-                ),
+                (candidates, due_by, now + CLOCK_TOLERANCE, due_by, limit),
             ).fetchall()
             records = [decode_row(row) for row in rows]
             tokens = [os.urandom(12).hex() for _ in records]
