@@ -123,7 +123,7 @@ def drop_postgres(url: str) -> None:
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
 
 
-def time_drain(path: Path, url: str, concurrency: int, count: int) -> float:
+def time_drain(path: Path | str, url: str, concurrency: int, count: int) -> float:
     with postonce.Client(outbox=path, durability="full") as client:
         started = time.perf_counter()
         report = client.drain(concurrency=concurrency)
@@ -221,9 +221,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 rng.shuffle(order)
                 for name in order:
                     if name == "drain":
-                        path = workdir / f"c{concurrency}-r{repeat}.sqlite3"
+                        path: Path | str = (
+                            workdir / f"c{concurrency}-r{repeat}.sqlite3"
+                            if args.backend == "sqlite"
+                            else fresh_postgres(args.pg)
+                        )
                         fill(path, server.url, args.intents)
-                        runs[name].append(time_drain(path, server.url, concurrency, args.intents))
+                        try:
+                            rate = time_drain(path, server.url, concurrency, args.intents)
+                        finally:
+                            if args.backend == "postgres":
+                                drop_postgres(str(path))
+                        runs[name].append(rate)
                     else:
                         runs[name].append(time_raw(server.url, concurrency, args.intents))
             results[concurrency] = runs
@@ -237,7 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"(x{statistics.median(r['drain']) / statistics.median(r['raw']):.2f} raw)"
             for c, r in results.items()
         )
-        print(f"SUMMARY drain sqlite: {summary}")
+        print(f"SUMMARY drain {args.backend}: {summary}")
     finally:
         server.stop()
         shutil.rmtree(workdir, ignore_errors=True)
