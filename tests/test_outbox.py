@@ -388,3 +388,35 @@ def test_a_claim_costs_its_limit_not_the_backlog(tmp_path: Path) -> None:
     small = _vm_steps_of_a_claim(tmp_path / "small.sqlite3", 100)
     large = _vm_steps_of_a_claim(tmp_path / "large.sqlite3", 3000)
     assert large < small * 2, (small, large)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_a_driver_error_inside_a_batch_is_an_outbox_error(
+    backend: str, outbox: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call in a batch that hits the database's own error reports it as OutboxError.
+
+    The drain's claim rides in a batch behind queued records; it catches
+    OutboxError and retries. A raw driver error (a PostgreSQL connection cut
+    mid-batch) once escaped and ended a forever drain.
+    """
+    import psycopg
+
+    store = open_store(outbox)
+    driver_error = (
+        sqlite3.OperationalError("disk I/O error")
+        if backend == "sqlite"
+        else psycopg.OperationalError("the connection is lost")
+    )
+
+    def broken(**kwargs: object) -> None:
+        raise driver_error
+
+    monkeypatch.setattr(store, "claim_due", broken, raising=False)
+    try:
+        ((ok, result),) = store.run_batch([("claim_due", {})])  # type: ignore[attr-defined]
+    finally:
+        store.close()
+    assert not ok
+    assert isinstance(result, postonce.OutboxError)
+    assert result.__cause__ is driver_error

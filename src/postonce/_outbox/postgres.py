@@ -231,6 +231,16 @@ class PostgresStore:
                     for method, kwargs in calls:
                         try:
                             results.append((True, getattr(self, method)(**kwargs)))
+                        except psycopg.IntegrityError as exc:
+                            results.append((False, exc))
+                        except psycopg.Error as exc:
+                            # Typed as outside a batch: callers (the drain's claim) catch
+                            # OutboxError, never a driver's own exception.
+                            failed = OutboxError(
+                                f"PostgreSQL outbox at {self._where} failed: {exc}"
+                            )
+                            failed.__cause__ = exc
+                            results.append((False, failed))
                         except Exception as exc:
                             results.append((False, exc))
                 finally:

@@ -298,6 +298,13 @@ class SQLiteStore:
                         if self._conn.in_transaction:
                             self._conn.execute("ROLLBACK")
                         return None
+                    if isinstance(exc, sqlite3.Error) and not isinstance(
+                        exc, sqlite3.IntegrityError
+                    ):
+                        # Typed as outside a batch: callers catch OutboxError.
+                        failed = OutboxError(f"outbox write failed at {self.path}: {exc}")
+                        failed.__cause__ = exc
+                        exc = failed
                     results.append((False, exc))
         finally:
             self._local.batch = None
