@@ -152,3 +152,26 @@ def test_postonce_does_not_change_what_import_httpx_means() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
+
+
+def test_an_httpx_timeout_is_read_by_an_httpx2_client(
+    server: LoopbackServer, tmp_path: Path
+) -> None:
+    """Code written for httpx passes httpx.Timeout; with an httpx2 transport it still applies."""
+    with postonce.Client(
+        server.base_url,
+        transport=httpx2.HTTPTransport(),
+        timeout=httpx.Timeout(5.0, read=0.5),
+        outbox=tmp_path / "o.sqlite3",
+        retry=FAST,
+    ) as client:
+        response = client.post_once(
+            "/ietf/v1/charges",
+            json={"amount": 1, "_test": {"delay": 1.0}},
+            intent="h2-timeout",
+            timeout=httpx.Timeout(5.0, read=0.5),
+        )
+        attempts = client.outbox.attempts("h2-timeout")
+    assert type(response) is httpx2.Response
+    assert attempts[0].error_type == "ReadTimeout"  # the 0.5 s read timeout applied
+    assert len(server.effects_for(response.extensions["postonce"].key)) == 1

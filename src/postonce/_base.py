@@ -22,7 +22,7 @@ import httpx
 from ._budget import RetryBudget
 from ._exceptions import ConfigurationError, PostonceError
 from ._flow import Effect, Sender, StoreCall, send_claimed
-from ._http import library_of
+from ._http import adapt_timeout, library_of
 from ._intent import IntentRecord
 from ._observe import Hooks
 from ._outbox.base import NewIntent, Opened, Store
@@ -143,6 +143,8 @@ class BaseClient:
         """
         if http is None:
             self._lib = library_of(options.get("transport"))
+            if "timeout" in options:
+                options = {**options, "timeout": adapt_timeout(options["timeout"], self._lib)}
             made: HttpT = getattr(self._lib, kind)(base_url=base_url, headers=headers, **options)
             return made, True
         if options or headers is not None or base_url:
@@ -243,6 +245,8 @@ class BaseClient:
         lib = self._lib
         if timeout is httpx.USE_CLIENT_DEFAULT:
             timeout = lib.USE_CLIENT_DEFAULT  # httpx2's client knows only its own marker
+        else:
+            timeout = adapt_timeout(timeout, lib)
         return Sender(
             provider=provider,
             policy=retry if retry is not None else self.retry,

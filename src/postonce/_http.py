@@ -14,7 +14,7 @@ from types import ModuleType
 
 import httpx
 
-__all__ = ["LIBRARIES", "library_of"]
+__all__ = ["LIBRARIES", "adapt_timeout", "library_of"]
 
 #: The top-level package names postonce knows to share httpx's API.
 LIBRARIES = ("httpx", "httpx2")
@@ -33,3 +33,17 @@ def library_of(obj: object) -> ModuleType:
         if top in LIBRARIES:
             return importlib.import_module(top)
     return httpx
+
+
+def adapt_timeout(value: object, lib: ModuleType) -> object:
+    """A ``Timeout`` of the other library as ``lib``'s own; anything else unchanged.
+
+    Code written for httpx passes ``httpx.Timeout(...)``; an httpx2 client
+    cannot read it (nor the reverse), so it is rebuilt with the same values.
+    """
+    kind = type(value)
+    if kind.__name__ != "Timeout" or kind is lib.Timeout:
+        return value
+    if kind.__module__.partition(".")[0] not in LIBRARIES:
+        return value
+    return lib.Timeout(**value.as_dict())  # type: ignore[attr-defined]
