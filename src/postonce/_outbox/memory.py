@@ -361,10 +361,12 @@ class MemoryOutbox:
             due = [row for row in self._rows.values() if self._due(row, due_by, now)]
 
             def order(row: _Row) -> tuple[bool, float, int]:
-                # COALESCE(due_at, lease_expires_at), id; NULL first, as SQLite sorts it.
-                first = row.record.due_at
-                when = first if first is not None else row.record.lease_expires_at
-                return (when is not None, 0.0 if when is None else when, row.record.id)
+                # When it became due (a sending row's lease expiry, else its due
+                # time), then id; NULL first, as SQLite sorts it (WAKE_ORDER).
+                record = row.record
+                sending = record.state is State.SENDING
+                when = record.lease_expires_at if sending else record.due_at
+                return (when is not None, 0.0 if when is None else when, record.id)
 
             due.sort(key=order)
             if limit >= 0:

@@ -531,13 +531,14 @@ class PostgresStore:
                         " UNION"
                         " (SELECT id FROM {schema}.intents"
                         " WHERE state = 'sending' AND lease_expires_at <= %s"
-                        " ORDER BY COALESCE(due_at, lease_expires_at), id LIMIT %s)"
+                        " ORDER BY lease_expires_at, id LIMIT %s)"
                         # A clock that went back leaves due times far ahead: pending rows
                         # touched "in the future" are due now (a live lease is never cut short).
                         " UNION"
                         " (SELECT id FROM {schema}.intents"
                         " WHERE state = 'pending' AND updated_at > %s"
-                        " ORDER BY COALESCE(due_at, lease_expires_at), id LIMIT %s)"
+                        # (due_at + 0: sorted, not walked in intents_due's order.)
+                        " ORDER BY due_at + 0, id LIMIT %s)"
                     ),
                     (due_by, ahead, due_by, ahead, now + CLOCK_TOLERANCE, ahead),
                 ).fetchall()
@@ -558,7 +559,9 @@ class PostgresStore:
                     "  WHEN 'pending' THEN i.due_at <= %s OR i.updated_at > %s"
                     "  WHEN 'sending' THEN i.lease_expires_at <= %s"
                     "  ELSE false END"
-                    " ORDER BY COALESCE(i.due_at, i.lease_expires_at), i.id LIMIT %s"
+                    # When each became due: a pending due time, a sending lease expiry.
+                    " ORDER BY CASE WHEN i.state = 'sending' THEN i.lease_expires_at"
+                    " ELSE i.due_at END, i.id LIMIT %s"
                     " FOR UPDATE OF i SKIP LOCKED"
                 ),
                 (candidates, due_by, now + CLOCK_TOLERANCE, due_by, limit),

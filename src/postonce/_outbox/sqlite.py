@@ -35,7 +35,11 @@ from .._intent import TERMINAL, IntentRecord, Outcome, State, StoredResponse, op
 from .base import AttemptRecord, Lease, NewIntent, Opened
 from .rows import COLUMNS, decode_row, export_rows, needs_durable
 
-__all__ = ["SCHEMA_VERSION", "SQLiteStore"]
+__all__ = ["SCHEMA_VERSION", "WAKE_ORDER", "SQLiteStore"]
+
+#: The order of due intents in a claim: when each became due (a pending row's
+#: due time, a sending row's lease expiry), then id.
+WAKE_ORDER = "CASE WHEN state = 'sending' THEN lease_expires_at ELSE due_at END, id"
 
 
 Durability = Literal["full", "normal"]
@@ -612,6 +616,8 @@ class SQLiteStore:
         with self._write(durable=True) as conn:
             # Each arm takes only its first ``limit`` rows (the pending arm straight
             # from its index, in order), so a claim costs O(limit), not O(backlog).
+            # Oldest first by the time each became due: a pending row's due time, a
+            # sending row's lease expiry (WAKE_ORDER), each arm in its index's order.
             rows = conn.execute(
                 f"SELECT {COLUMNS} FROM intents WHERE id IN ("
                 " SELECT id FROM (SELECT id FROM intents"
@@ -619,14 +625,15 @@ class SQLiteStore:
                 " UNION"
                 " SELECT id FROM (SELECT id FROM intents"
                 "  WHERE state = 'sending' AND lease_expires_at <= ?"
-                "  ORDER BY COALESCE(due_at, lease_expires_at), id LIMIT ?)"
+                "  ORDER BY lease_expires_at, id LIMIT ?)"
                 # A clock that went back leaves due times far ahead: pending rows
                 # touched "in the future" are due now (a live lease is never cut short).
                 " UNION"
+                # (+due_at: sorted, so the planner takes the few rows from intents_touched
+                # rather than walking every pending row in intents_due's order.)
                 " SELECT id FROM (SELECT id FROM intents"
-                "  WHERE state = 'pending' AND updated_at > ?"
-                "  ORDER BY COALESCE(due_at, lease_expires_at), id LIMIT ?)"
-                ") ORDER BY COALESCE(due_at, lease_expires_at), id LIMIT ?",
+                "  WHERE state = 'pending' AND updated_at > ? ORDER BY +due_at, id LIMIT ?)"
+                f") ORDER BY {WAKE_ORDER} LIMIT ?",
                 (due_by, limit, due_by, limit, now + CLOCK_TOLERANCE, limit, limit),
             ).fetchall()
             for row in rows:

@@ -37,7 +37,7 @@ CREATE UNIQUE INDEX intents_key ON {schema}.intents (key);
 -- Partial indexes: only the rows a claim looks for, so finished rows cost nothing.
 CREATE INDEX intents_due ON {schema}.intents (due_at, id) WHERE state = 'pending';
 CREATE INDEX intents_touched ON {schema}.intents (updated_at) WHERE state = 'pending';
-CREATE INDEX intents_lease ON {schema}.intents (lease_expires_at) WHERE state = 'sending';
+CREATE INDEX intents_lease ON {schema}.intents (lease_expires_at, id) WHERE state = 'sending';
 
 CREATE TABLE {schema}.attempts (
     id          bigserial PRIMARY KEY,
