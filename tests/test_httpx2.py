@@ -165,7 +165,7 @@ def test_an_httpx_timeout_is_read_by_an_httpx2_client(
         outbox=tmp_path / "o.sqlite3",
         retry=FAST,
     ) as client:
-        response = client.post_once(
+        response: Any = client.post_once(  # an httpx2.Response; the annotations say httpx
             "/ietf/v1/charges",
             json={"amount": 1, "_test": {"delay": 1.0}},
             intent="h2-timeout",
