@@ -22,6 +22,7 @@ from psycopg import sql
 import postonce
 from postonce._outbox.locate import split_schema
 from postonce.testing import MemoryOutbox
+from tests.http_library import HTTP_LIBRARY, default_transport
 from tests.idem_server import IdempotentApp
 
 T = TypeVar("T")
@@ -216,13 +217,6 @@ def client_kind(request: pytest.FixtureRequest) -> str:
 # POSTONCE_TEST_HTTP=httpx2 runs every factory-made client on httpx2 (CI runs
 # the suite both ways). Tests keep writing httpx mock handlers: they are
 # adapted, so the client itself only ever sees httpx2 objects.
-HTTP_LIBRARY = os.environ.get("POSTONCE_TEST_HTTP", "httpx")
-#: The Response class the factory's clients return.
-Response: type[Any] = httpx.Response
-if HTTP_LIBRARY == "httpx2":
-    import httpx2
-
-    Response = httpx2.Response
 
 
 def _as_httpx2(transport: Any, kind: str) -> Any:
@@ -230,7 +224,7 @@ def _as_httpx2(transport: Any, kind: str) -> Any:
     import httpx2
 
     if transport is None:
-        return httpx2.HTTPTransport() if kind == "sync" else httpx2.AsyncHTTPTransport()
+        return default_transport(kind)
     if not isinstance(transport, httpx.MockTransport):
         return transport  # e.g. a third-party httpx transport: kept as the test chose
     handler = transport.handler

@@ -11,12 +11,12 @@ The tests SIGKILL it at random moments and finish its intents elsewhere.
 
 from __future__ import annotations
 
-import os
 import sys
 
 import anyio
 
 import postonce
+from tests.http_library import default_transport
 
 
 def main(argv: list[str]) -> int:
@@ -25,11 +25,9 @@ def main(argv: list[str]) -> int:
         wait_initial=0.01, wait_max=0.05, in_flight_initial=0.02, in_flight_max=0.1
     )
     options: dict[str, object] = {"outbox": outbox, "retry": retry, "lease_seconds": float(lease)}
-    if os.environ.get("POSTONCE_TEST_HTTP") == "httpx2":  # the CI pass on httpx2
-        import httpx2
-
-        async_mode = "async" in flags
-        options["transport"] = httpx2.AsyncHTTPTransport() if async_mode else httpx2.HTTPTransport()
+    transport = default_transport("async" if "async" in flags else "sync")
+    if transport is not None:  # the CI pass on httpx2
+        options["transport"] = transport
     references = [f"{prefix}-{i}" for i in range(int(count))]
 
     def body(reference: str) -> dict[str, object]:

@@ -8,20 +8,11 @@ from __future__ import annotations
 import os
 
 import postonce
-
-
-def _transport() -> object:
-    """The CI pass on httpx2 (POSTONCE_TEST_HTTP=httpx2) drains with httpx2."""
-    if os.environ.get("POSTONCE_TEST_HTTP") == "httpx2":
-        import httpx2
-
-        return httpx2.HTTPTransport()
-    return None
-
+from tests.http_library import default_transport
 
 client = postonce.Client(
     os.environ.get("POSTONCE_TEST_BASE_URL", "http://127.0.0.1:9"),
-    transport=_transport(),
+    transport=default_transport(),  # httpx2 in CI's second pass
     outbox=os.environ.get("POSTONCE_TEST_OUTBOX"),
     headers={"X-Worker": os.environ.get("POSTONCE_TEST_WORKER", "drain")},
     lease_seconds=float(os.environ.get("POSTONCE_TEST_LEASE", "10")),

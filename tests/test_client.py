@@ -13,7 +13,8 @@ import pytest
 import postonce
 from postonce import Outcome, State
 from postonce._outbox.locate import open_store
-from tests.conftest import FAST, ClientFactory, Response, outbox_bytes
+from tests.conftest import FAST, ClientFactory, outbox_bytes
+from tests.http_library import Response
 
 Handler = Callable[[httpx.Request], httpx.Response]
 

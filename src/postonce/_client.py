@@ -141,7 +141,7 @@ class Client(BaseClient):
         """
         prepared, sender, new = self._plan(method, url, **options)
         try:
-            writer = self._writer if self._writer is not None else self._writer_for()
+            writer = self._writer_for()
         except PostonceError as exc:
             raise named(exc, prepared.reference, prepared.key) from exc
         response: httpx.Response = self._drive(

@@ -13,13 +13,14 @@ engine does. Its one job is to make each of these moves atomic and durable:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .._intent import IntentRecord, Outcome, State, StoredResponse
 
-__all__ = ["AttemptRecord", "Lease", "NewIntent", "Opened", "Store"]
+__all__ = ["AttemptRecord", "Lease", "NewIntent", "Opened", "Store", "lost_behind", "run_calls"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,3 +130,38 @@ class Store(Protocol):
     def export_rows(self) -> Iterator[dict[str, Any]]: ...
 
     def close(self) -> None: ...
+
+
+def run_calls(store: Store, calls: list[tuple[str, dict[str, Any]]]) -> list[tuple[bool, Any]]:
+    """Run store calls in one transaction where the store can (``run_batch``), else one by one.
+
+    Returns ``(ok, result or exception)`` per call; never raises.
+    """
+    batch = getattr(store, "run_batch", None)
+    if batch is not None:
+        try:
+            results: list[tuple[bool, Any]] = batch(calls)
+        except Exception as exc:
+            return [(False, exc)] * len(calls)
+        return results
+    results = []
+    for method, kwargs in calls:
+        try:
+            results.append((True, getattr(store, method)(**kwargs)))
+        except Exception as exc:
+            results.append((False, exc))
+    return results
+
+
+def lost_behind(method: str, error: object) -> None:
+    """Log a call committed behind its caller that failed: nobody else can be told.
+
+    Its intent stays ``sending`` under a lease that expires; the drain then
+    sends the same key and gets the provider's replay.
+    """
+    logging.getLogger("postonce").warning(
+        "outbox: a deferred %s failed (%s); the intent stays sending and the drain will "
+        "confirm it with the same key",
+        method,
+        error,
+    )

@@ -29,7 +29,7 @@ import time
 import weakref
 from typing import Any
 
-from .base import Store
+from .base import Store, lost_behind, run_calls
 
 __all__ = ["WriteBehind"]
 
@@ -124,30 +124,10 @@ class WriteBehind:
 
     def _run(self, calls: list[Call], *, deferred: int) -> list[tuple[bool, Any]]:
         """Run calls in one transaction where the store can; the first ``deferred`` were queued."""
-        batch = getattr(self.store, "run_batch", None)
-        results: list[tuple[bool, Any]]
-        if batch is not None:
-            try:
-                results = batch(calls)
-            except Exception as exc:
-                results = [(False, exc)] * len(calls)
-        else:
-            results = []
-            for method, kwargs in calls:
-                try:
-                    results.append((True, getattr(self.store, method)(**kwargs)))
-                except Exception as exc:
-                    results.append((False, exc))
-        # A queued call that failed has nobody to tell but the log: its intent
-        # stays sending, and the drain re-sends the same key for the replay.
+        results = run_calls(self.store, calls)
         for (method, _), (ok, result) in zip(calls[:deferred], results, strict=False):
             if not ok:
-                logger.warning(
-                    "outbox: a deferred %s failed (%s); the intent stays sending and the "
-                    "drain will confirm it with the same key",
-                    method,
-                    result,
-                )
+                lost_behind(method, result)
         return results
 
     def _loop(self) -> None:

@@ -13,7 +13,6 @@ your intents. Works under asyncio and trio (through anyio).
 from __future__ import annotations
 
 import functools
-import logging
 import queue
 import threading
 from collections.abc import Callable
@@ -23,11 +22,10 @@ from typing import Any
 import anyio
 import sniffio
 
-from .base import Store
+from .base import Store, lost_behind, run_calls
 
 __all__ = ["StoreThread", "Ticket"]
 
-logger = logging.getLogger("postonce")
 
 _BATCH_MAX = 512
 
@@ -129,7 +127,6 @@ class StoreThread:
         return await self.submit(method, kwargs).wait()
 
     def _run(self) -> None:
-        batch_runner = getattr(self.store, "run_batch", None)
         while True:
             first = self._queue.get()
             if first is None:
@@ -147,18 +144,7 @@ class StoreThread:
                 batch.extend(more)
             self.batches += 1
             self.calls += len(batch)
-            if batch_runner is not None:
-                try:
-                    results = batch_runner([(t.method, t.kwargs) for t in batch])
-                except Exception as exc:
-                    results = [(False, exc)] * len(batch)
-            else:
-                results = []
-                for t in batch:
-                    try:
-                        results.append((True, getattr(self.store, t.method)(**t.kwargs)))
-                    except Exception as exc:
-                        results.append((False, exc))
+            results = run_calls(self.store, [(t.method, t.kwargs) for t in batch])
             # One wake-up per event loop for the whole batch, not one per call.
             by_loop: dict[Callable[[Callable[[], object]], object], list[Ticket]] = {}
             for ticket, (ok, result) in zip(batch, results, strict=True):
@@ -168,12 +154,7 @@ class StoreThread:
                         self._behind -= 1
                         self._behind_done.notify_all()
                     if not ok:
-                        logger.warning(
-                            "outbox: a deferred %s failed (%s); the intent stays sending and "
-                            "the drain will confirm it with the same key",
-                            ticket.method,
-                            result,
-                        )
+                        lost_behind(ticket.method, result)
                     continue
                 by_loop.setdefault(ticket.notify, []).append(ticket)
             for notify, tickets in by_loop.items():
