@@ -42,8 +42,6 @@ import os
 import platform
 import random
 import shlex
-import shutil
-import signal
 import sqlite3
 import statistics
 import sys
@@ -64,7 +62,7 @@ from httpx_aiohttp import AiohttpTransport
 import postonce
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_sync import BODY, ServerProcess, available_cpus, filesystem_of, start_server
+from bench_sync import BODY, ServerProcess, filesystem_of, pinned_server, run_main
 
 Kind = Literal["raw", "postonce"]
 TransportName = Literal["default", "aiohttp"]
@@ -324,40 +322,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     levels: list[int] = args.levels
-    cpus = available_cpus()
-    can_pin = hasattr(os, "sched_setaffinity") and len(cpus) >= 2
-    client_cpu, server_cpu = (cpus[0], cpus[1]) if can_pin else (None, None)
-
-    parent = args.dir if args.dir is not None else Path(__file__).resolve().parent
-    parent.mkdir(parents=True, exist_ok=True)
-    workdir = Path(tempfile.mkdtemp(prefix=".tmp-async-", dir=parent))
-    server: ServerProcess | None = None
-    try:
-        server = start_server(server_cpu)
-        if client_cpu is not None:
-            os.sched_setaffinity(0, {client_cpu})
-            pinning = f"client -> CPU {client_cpu}, server -> CPU {server_cpu}"
-        else:
-            pinning = f"off (only {len(cpus)} CPU available)"
-        print_facts(args, workdir, cpus, pinning, server)
+    with pinned_server(".tmp-async-", args.dir) as pinned:
+        workdir, server = pinned.workdir, pinned.server
+        print_facts(args, workdir, pinned.cpus, pinned.pinning, server)
         started = time.monotonic()
         results = asyncio.run(run_all(args, levels, server.url, workdir))
         print(f"measured in {time.monotonic() - started:.1f} s")
         report(results, levels)
-        return 0
-    except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
-        return 130
-    finally:
-        if server is not None:
-            server.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _terminated(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)  # unwinds through main's finally: server stopped, dir removed
+    return 0
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, _terminated)
-    sys.exit(main())
+    run_main(main)

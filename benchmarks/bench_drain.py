@@ -21,6 +21,7 @@ repeats in intents per second and the drain/raw ratio. Asserts nothing.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import random
 import shutil
@@ -45,36 +46,42 @@ from bench_sync import available_cpus, filesystem_of, start_server
 BODY = json.dumps({"amount": 1250, "currency": "eur", "customer": "cus_1"}).encode()
 
 
+def open_call(
+    reference: str, url: str, *, owner: str, now: float, lease_for: float
+) -> tuple[str, dict[str, object]]:
+    """The store call that writes one benchmark intent ahead, leased to ``owner``."""
+    return (
+        "open_intent",
+        {
+            "new": NewIntent(
+                reference=reference,
+                key=str(uuid.uuid4()),
+                key_given=False,
+                provider="ietf_draft",
+                method="POST",
+                url=url,
+                headers=(("content-type", "application/json"),),
+                body=BODY,
+                fingerprint=hashlib.sha256(reference.encode()).hexdigest(),
+                deadline_at=None,
+            ),
+            "owner": owner,
+            "now": now,
+            "lease_for": lease_for,
+        },
+    )
+
+
 def fill(path: Path | str, url: str, count: int) -> None:
     """Write ``count`` due intents, leased by a dead owner whose lease has run out."""
     from postonce._outbox.locate import open_store
 
     store = open_store(str(path), durability="normal")
     long_ago = time.time() - 3600
-    calls = []
-    for i in range(count):
-        calls.append(
-            (
-                "open_intent",
-                {
-                    "new": NewIntent(
-                        reference=f"bench-{i}",
-                        key=str(uuid.uuid4()),
-                        key_given=False,
-                        provider="ietf_draft",
-                        method="POST",
-                        url=url,
-                        headers=(("content-type", "application/json"),),
-                        body=BODY,
-                        fingerprint=f"{i:064d}",
-                        deadline_at=None,
-                    ),
-                    "owner": "dead/0",
-                    "now": long_ago,
-                    "lease_for": 1.0,
-                },
-            )
-        )
+    calls = [
+        open_call(f"bench-{i}", url, owner="dead/0", now=long_ago, lease_for=1.0)
+        for i in range(count)
+    ]
     run_batch = getattr(store, "run_batch")  # noqa: B009 (both stores have it)
     for start in range(0, count, 1000):
         run_batch(calls[start : start + 1000])

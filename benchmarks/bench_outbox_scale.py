@@ -49,7 +49,6 @@ import os
 import random
 import re
 import shutil
-import signal
 import sqlite3
 import statistics
 import sys
@@ -68,7 +67,7 @@ from postonce._outbox.locate import open_store, split_schema
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_drain import BODY, drop_postgres, fresh_postgres
-from bench_sync import available_cpus, filesystem_of
+from bench_sync import available_cpus, filesystem_of, run_main
 
 TARGET = 1.5  # p50 at the largest size / p50 at the smallest
 INFO_OPS = frozenset({"open new"})  # shown, not judged: a durable commit dominates it
@@ -732,17 +731,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"flagged plans: {len(flagged)}"
         )
         return 0
-    except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
-        return 130
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _terminated(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)  # unwinds through main's finally
-
-
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, _terminated)
-    sys.exit(main())
+    run_main(main)

@@ -46,14 +46,12 @@ import importlib.metadata
 import itertools
 import os
 import random
-import shutil
-import signal
 import sys
-import tempfile
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, cast
 
@@ -68,14 +66,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_sync import (
     BODY,
     Candidate,
-    ServerProcess,
     Stats,
     _check,
-    available_cpus,
+    pinned_server,
     print_facts,
     raw_candidate,
+    run_main,
     run_rounds,
-    start_server,
     stats_of,
 )
 
@@ -227,22 +224,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     # httpx warns on every str ``data=`` (what stripe-python's HTTPXClient passes).
     warnings.filterwarnings("ignore", message="Use 'content=", category=DeprecationWarning)
-    cpus = available_cpus()
-    can_pin = hasattr(os, "sched_setaffinity") and len(cpus) >= 2
-    client_cpu, server_cpu = (cpus[0], cpus[1]) if can_pin else (None, None)
-    parent = args.dir if args.dir is not None else Path(__file__).resolve().parent
-    parent.mkdir(parents=True, exist_ok=True)
-    workdir = Path(tempfile.mkdtemp(prefix=".tmp-bench-peers-", dir=parent))
-    server: ServerProcess | None = None
-    closers: list[Callable[[], None]] = []
-    try:
-        server = start_server(server_cpu)
-        if client_cpu is not None:
-            os.sched_setaffinity(0, {client_cpu})
-            pinning = f"client -> CPU {client_cpu}, server -> CPU {server_cpu}"
-        else:
-            pinning = f"off (only {len(cpus)} CPU available)"
-        print_facts(workdir, cpus, pinning, server)
+    with pinned_server(".tmp-bench-peers-", args.dir) as pinned, ExitStack() as closing:
+        workdir, server = pinned.workdir, pinned.server
+        print_facts(workdir, pinned.cpus, pinned.pinning, server)
         versions = ", ".join(
             f"{name} {importlib.metadata.version(name)}" for name in ("dbos", "stripe", "stamina")
         )
@@ -255,13 +239,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         base = server.url.rsplit("/v1/", 1)[0]
         raw_http = httpx.Client()
-        closers.append(raw_http.close)
+        closing.callback(raw_http.close)
         ours = postonce.Client(outbox=workdir / "outbox.sqlite3")
-        closers.append(ours.close)
+        closing.callback(ours.close)
         dbos_http = httpx.Client()
-        closers.append(dbos_http.close)
+        closing.callback(dbos_http.close)
         stripe_http = stripe.HTTPXClient(allow_sync_methods=True)
-        closers.append(stripe_http.close)
+        closing.callback(stripe_http.close)
         stripe_client = stripe.StripeClient(
             "sk_test_postonce_bench",
             base_addresses={"api": base},
@@ -269,8 +253,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_network_retries=2,
         )
         stamina_http = httpx.Client()
-        closers.append(stamina_http.close)
-        closers.append(DBOS.destroy)
+        closing.callback(stamina_http.close)
+        closing.callback(DBOS.destroy)
 
         candidates = [
             raw_candidate(raw_http, server.url),
@@ -293,22 +277,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 break
         print(f"load average at end: {os.getloadavg()}")
         report(candidates)
-        return 0
-    except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
-        return 130
-    finally:
-        for close in reversed(closers):
-            close()
-        if server is not None:
-            server.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _terminated(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)  # unwinds through main's finally
+    return 0
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, _terminated)
-    sys.exit(main())
+    run_main(main)

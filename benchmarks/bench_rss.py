@@ -34,26 +34,22 @@ import argparse
 import json
 import os
 import resource
-import shutil
-import signal
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import postonce
 from postonce._intent import Outcome, State
-from postonce._outbox.base import AttemptRecord, NewIntent
+from postonce._outbox.base import AttemptRecord
 from postonce._outbox.locate import open_store
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_drain import BODY
-from bench_sync import ServerProcess, available_cpus, filesystem_of, start_server
+from bench_drain import open_call
+from bench_sync import filesystem_of, pinned_server, run_main
 
 TARGET_MB = 150.0
 BATCH = 1000
@@ -89,25 +85,8 @@ def fill_pending(path: Path, url: str, count: int) -> float:
     try:
         for start in range(0, count, BATCH):
             opens = [
-                (
-                    "open_intent",
-                    {
-                        "new": NewIntent(
-                            reference=f"rss-{i:07d}/charge",
-                            key=str(uuid.uuid4()),
-                            key_given=False,
-                            provider="ietf_draft",
-                            method="POST",
-                            url=url,
-                            headers=(("content-type", "application/json"),),
-                            body=BODY,
-                            fingerprint=f"{i:064x}",
-                            deadline_at=None,
-                        ),
-                        "owner": "bench-rss/fill",
-                        "now": long_ago,
-                        "lease_for": 60.0,
-                    },
+                open_call(
+                    f"rss-{i:07d}/charge", url, owner="bench-rss/fill", now=long_ago, lease_for=60.0
                 )
                 for i in range(start, min(count, start + BATCH))
             ]
@@ -297,19 +276,12 @@ def show(run: Run, baseline_kb: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    cpus = available_cpus()
-    can_pin = hasattr(os, "sched_setaffinity") and len(cpus) >= 2
-    workdir = Path(tempfile.mkdtemp(prefix=".tmp-bench-rss-", dir=args.dir))
-    server: ServerProcess | None = None
-    try:
-        server = start_server(cpus[1] if can_pin else None)
-        if can_pin:
-            os.sched_setaffinity(0, {cpus[0]})  # the drain children inherit it
+    with pinned_server(".tmp-bench-rss-", args.dir) as pinned:  # the drain children inherit it
+        workdir, server, cpus = pinned.workdir, pinned.server, pinned.cpus
         print(f"command: {' '.join([sys.executable, *sys.argv])}")
         print(f"python {sys.version.split()[0]}, postonce {postonce.__version__}, cpus {cpus}")
         print(f"outbox fs {filesystem_of(workdir)}; server {server.url} (pid {server.pid})")
-        pinning = f"drain -> CPU {cpus[0]}, server -> CPU {cpus[1]}" if can_pin else "off"
-        print(f"pinning: {pinning}; load average at start: {os.getloadavg()}")
+        print(f"pinning: {pinned.pinning}; load average at start: {os.getloadavg()}")
         print(f"{args.n:,} due intents, drain concurrency {args.concurrency}, via {args.via}")
         sys.stdout.flush()
 
@@ -353,20 +325,8 @@ def main(argv: list[str] | None = None) -> int:
             f"baseline {base.peak_kb / 1024:.0f} MB; target < {TARGET_MB:.0f} MB: "
             f"{'met' if worst < TARGET_MB else 'MISSED'}"
         )
-        return 0
-    except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
-        return 130
-    finally:
-        if server is not None:
-            server.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _terminated(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)  # unwinds through main's finally: child killed, dir removed
+    return 0
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, _terminated)
-    sys.exit(main())
+    run_main(main)

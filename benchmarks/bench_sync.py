@@ -55,7 +55,8 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 from multiprocessing.connection import Connection
@@ -329,6 +330,61 @@ def stats_of(samples: Sequence[int]) -> Stats:
     return Stats(len(us), min(us), statistics.median(us), p90, p99)
 
 
+# -- the frame every script runs in ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Pinned:
+    """A script's work directory and loopback server, with the CPU pinning in effect."""
+
+    workdir: Path
+    server: ServerProcess
+    cpus: list[int]
+    pinning: str
+
+
+@contextmanager
+def pinned_server(prefix: str, parent: Path | None) -> Iterator[Pinned]:
+    """A fresh work directory, the server pinned to the second CPU and this process to the first.
+
+    The server is stopped and the directory removed on the way out, however it is left.
+    """
+    cpus = available_cpus()
+    can_pin = hasattr(os, "sched_setaffinity") and len(cpus) >= 2
+    client_cpu, server_cpu = (cpus[0], cpus[1]) if can_pin else (None, None)
+    parent = parent if parent is not None else Path(__file__).resolve().parent
+    parent.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    server: ServerProcess | None = None
+    try:
+        server = start_server(server_cpu)
+        if client_cpu is not None:
+            os.sched_setaffinity(0, {client_cpu})  # children (drains) inherit it
+            pinning = f"client -> CPU {client_cpu}, server -> CPU {server_cpu}"
+        else:
+            pinning = f"off (only {len(cpus)} CPU available)"
+        yield Pinned(workdir, server, cpus, pinning)
+    finally:
+        if server is not None:
+            server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds through main's clean-up: server stopped, dir removed
+
+
+def run_main(main: Callable[[], int]) -> None:
+    """Run a script's ``main`` and exit with its code; SIGTERM and Ctrl-C clean up first."""
+    signal.signal(signal.SIGTERM, _terminated)
+    try:
+        code = main()
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        code = 130
+    sys.exit(code)
+
+
 # -- main --------------------------------------------------------------------------
 
 
@@ -403,37 +459,24 @@ def report(candidates: Sequence[Candidate]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    cpus = available_cpus()
-    can_pin = hasattr(os, "sched_setaffinity") and len(cpus) >= 2
-    client_cpu, server_cpu = (cpus[0], cpus[1]) if can_pin else (None, None)
-
-    parent = args.dir if args.dir is not None else Path(__file__).resolve().parent
-    parent.mkdir(parents=True, exist_ok=True)
-    workdir = Path(tempfile.mkdtemp(prefix=".tmp-bench-sync-", dir=parent))
-    server: ServerProcess | None = None
-    closers: list[Callable[[], None]] = []
-    try:
-        server = start_server(server_cpu)
-        if client_cpu is not None:
-            os.sched_setaffinity(0, {client_cpu})
-            pinning = f"client -> CPU {client_cpu}, server -> CPU {server_cpu}"
-        else:
-            pinning = f"off (only {len(cpus)} CPU available)"
-        print_facts(workdir, cpus, pinning, server)
+    with pinned_server(".tmp-bench-sync-", args.dir) as pinned, ExitStack() as closing:
+        workdir, server = pinned.workdir, pinned.server
+        print_facts(workdir, pinned.cpus, pinned.pinning, server)
         print(
             f"rounds: {args.rounds} measured + {args.warmup} warm-up, {args.block} calls in a row"
             f" per candidate, seed {args.seed}"
         )
         sys.stdout.flush()
 
-        raw_http = httpx.Client()
-        closers.append(raw_http.close)
-        full = postonce.Client(outbox=workdir / "outbox-full.sqlite3", durability="full")
-        closers.append(full.close)
-        normal = postonce.Client(outbox=workdir / "outbox-normal.sqlite3", durability="normal")
-        closers.append(normal.close)
+        raw_http = closing.enter_context(httpx.Client())
+        full = closing.enter_context(
+            postonce.Client(outbox=workdir / "outbox-full.sqlite3", durability="full")
+        )
+        normal = closing.enter_context(
+            postonce.Client(outbox=workdir / "outbox-normal.sqlite3", durability="normal")
+        )
         conn = sqlite3.connect(workdir / "bare-commit.sqlite3", isolation_level=None)
-        closers.append(conn.close)
+        closing.callback(conn.close)
 
         candidates = [
             raw_candidate(raw_http, server.url),
@@ -448,22 +491,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_rounds(candidates, args.rounds, rng, keep=True, block=args.block)
         print(f"measured in {time.monotonic() - started:.1f} s")
         report(candidates)
-        return 0
-    except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
-        return 130
-    finally:
-        for close in reversed(closers):
-            close()
-        if server is not None:
-            server.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _terminated(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)  # unwinds through main's finally: server stopped, dir removed
+    return 0
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, _terminated)
-    sys.exit(main())
+    run_main(main)
