@@ -213,13 +213,7 @@ class BaseClient:
             secret_names=self._secret_names,
             fingerprint_fields=fingerprint_fields,
         )
-        sender = self._sender(
-            profile,
-            retry,
-            timeout,
-            prepared.secret_headers,
-            None if prepared.parsed_url is None else (prepared.url, prepared.parsed_url),
-        )
+        sender = self._sender(profile, retry, timeout, prepared.secret_headers)
         new = NewIntent(
             reference=prepared.reference,
             key=prepared.key,
@@ -240,7 +234,6 @@ class BaseClient:
         retry: RetryPolicy | None = None,
         timeout: Any = httpx.USE_CLIENT_DEFAULT,
         secret_headers: tuple[tuple[str, str], ...] = (),
-        parsed_url: tuple[str, httpx.URL] | None = None,
     ) -> Sender:
         lib = self._lib
         if timeout is httpx.USE_CLIENT_DEFAULT:
@@ -256,7 +249,6 @@ class BaseClient:
             build_request=self._http.build_request,
             timeout=timeout,
             secret_headers=secret_headers,
-            parsed_url=parsed_url,
             hooks=self.hooks,
             retry_budget=self.retry_budget,
             lib=lib,

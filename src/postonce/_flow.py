@@ -50,7 +50,7 @@ from ._observe import (
 from ._outbox.base import AttemptRecord, Lease, NewIntent
 from ._outbox.rows import storable_response
 from ._policy import RetryPolicy
-from ._wire import wire_headers
+from ._wire import parsed_url, wire_headers
 from .providers import Provider
 
 __all__ = [
@@ -110,8 +110,6 @@ class Sender:
     build_request: Callable[..., httpx.Request]
     timeout: Any  # an httpx timeout, or httpx's USE_CLIENT_DEFAULT
     secret_headers: tuple[tuple[str, str], ...] = ()  # memory only, never stored
-    # The URL this call planned, parsed once: used when the stored URL is the same.
-    parsed_url: tuple[str, httpx.URL] | None = None
     hooks: tuple[Hooks, ...] = ()
     retry_budget: RetryBudget | None = None  # client-wide; charged by foreground retries
     lib: ModuleType = httpx  # httpx, or httpx2 when the caller's client is httpx2's
@@ -416,9 +414,7 @@ def _send_claimed(
     attempt = record.attempts
     attempts_left = policy.attempts
     headers = wire_headers(record.headers, sender.secret_headers, record.key, provider)
-    parsed = sender.parsed_url
-    same_url = parsed is not None and parsed[0] == record.url
-    url: httpx.URL | str = parsed[1] if parsed is not None and same_url else record.url
+    url = parsed_url(sender.lib.URL, record.url)  # parsed once per process, not per send
     while True:
         attempt += 1
         # Checked again before every send: a sleep can overrun (a suspended

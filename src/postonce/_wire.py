@@ -20,7 +20,7 @@ from ._exceptions import ConfigurationError, InvalidKey, InvalidRequest
 from ._keys import check_key, fingerprint, mint_key
 from .providers import Provider
 
-__all__ = ["DEFAULT_SECRET_HEADERS", "UNSET", "Prepared", "prepare", "wire_headers"]
+__all__ = ["DEFAULT_SECRET_HEADERS", "UNSET", "Prepared", "parsed_url", "prepare", "wire_headers"]
 
 #: Headers that never reach the outbox; ``Client(secret_headers=...)`` adds more.
 DEFAULT_SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
@@ -50,7 +50,6 @@ class Prepared:
     secret_headers: tuple[tuple[str, str], ...]  # this call's secrets: memory only
     body: bytes
     fingerprint: str
-    parsed_url: httpx.URL | None = None  # ``url`` parsed, so a send need not parse it again
 
 
 def _encode_body(
@@ -92,7 +91,7 @@ def _encode_body(
 
 
 @functools.lru_cache(maxsize=512)
-def _parsed(url_type: Any, url: str) -> httpx.URL:
+def parsed_url(url_type: Any, url: str) -> httpx.URL:
     """A URL parsed once: services post to a few URLs many times, and URLs are immutable."""
     parsed: httpx.URL = url_type(url)
     return parsed
@@ -114,7 +113,7 @@ def merge_url(
     if isinstance(url, url_type):
         merged = url
     else:
-        merged = _parsed(url_type, url if isinstance(url, str) else str(url))
+        merged = parsed_url(url_type, url if isinstance(url, str) else str(url))
     if merged.is_relative_url:
         base = http.base_url
         merged = base.copy_with(raw_path=base.raw_path + merged.raw_path.lstrip(b"/"))
@@ -224,7 +223,6 @@ def prepare(
         secret_headers=tuple(secret),
         body=body,
         fingerprint=digest,
-        parsed_url=merged,
     )
 
 
