@@ -433,3 +433,44 @@ def test_a_driver_error_inside_a_batch_is_an_outbox_error(
     assert not ok
     assert isinstance(result, postonce.OutboxError)
     assert result.__cause__ is driver_error
+
+
+def test_an_outbox_written_before_the_shared_layer_is_read_and_worked(tmp_path: Path) -> None:
+    """A schema-1 file written by the previous store code opens, reads and claims as before."""
+    path = tmp_path / "old.sqlite3"
+    script = (Path(__file__).parent / "data" / "outbox_v1.sql").read_text()
+    with sqlite3.connect(path) as conn:
+        conn.executescript(script)
+    conn.close()
+    store = SQLiteStore(path)
+    try:
+        done = store.get("done")
+        assert done is not None
+        assert done.state is State.SUCCEEDED
+        assert done.response is not None
+        assert (done.response.status, done.response.body) == (201, b'{"id":"ch_1"}')
+        assert [a.status for a in store.attempts("done")] == [201]
+        # The pending retry is due at t + 5; the crashed sender's lease ran out at t + 60.
+        claimed = store.claim_due(owner="new", now=1_700_000_100.0, limit=10, lease_for=30.0)
+        assert [(c.record.reference, c.record.key) for c in claimed] == [
+            ("retry", "key-retry"),
+            ("crashed", "key-crashed"),
+        ]
+        # The horizon anchor of an intent that may have been delivered is kept.
+        assert all(c.record.first_delivery_at == 1_700_000_000.0 for c in claimed)
+        lease = claimed[0].lease
+        assert lease is not None
+        assert store.record(
+            lease,
+            AttemptRecord(1_700_000_100.0, 0.1, Outcome.FINAL, 201, None, True),
+            state=State.SUCCEEDED,
+            anchor=1_700_000_000.0,
+            due_at=None,
+            lease_until=None,
+            response=None,
+            note=None,
+            durable=True,
+        )
+        assert [a.outcome for a in store.attempts("retry")] == [Outcome.AMBIGUOUS, Outcome.FINAL]
+    finally:
+        store.close()

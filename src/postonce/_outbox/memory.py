@@ -1,80 +1,40 @@
 """An outbox in a Python object: the Store protocol for unit tests, with no file and no database.
 
-:class:`MemoryOutbox` keeps the same rules as the SQLite outbox (leases,
-fencing by claim token, horizon anchors, due times, tombstones, operator
-moves) in plain dictionaries behind one lock. Every call is atomic: a call
-that raises changes nothing. Records handed out are frozen and share no
-mutable state with the store.
+:class:`MemoryOutbox` keeps rows of the same columns as the SQL outboxes in
+plain dictionaries behind one lock, and changes them with the same decisions
+(:mod:`.decide`): leases, fencing by claim token, horizon anchors, due times,
+tombstones, operator moves. Every call is atomic: a call that raises changes
+nothing. Records handed out are decoded afresh and share no mutable state
+with the store.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 import threading
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 from .._engine import CLOCK_TOLERANCE
 from .._exceptions import IntentConflict
-from .._intent import TERMINAL, IntentRecord, Outcome, State, StoredResponse, operator_move
+from .._intent import IntentRecord, State
+from . import decide
 from .base import AttemptRecord, Lease, NewIntent, Opened
-from .rows import _pairs, export_rows
+from .rows import COLUMN_NAMES, decode_attempt, decode_row
+from .store import StoreBase, Take
 
 __all__ = ["MemoryOutbox"]
 
-_MISSING: Any = object()
+Row = dict[str, Any]
+_ATTEMPT = ("started_at", "duration", "outcome", "status", "error_type", "replayed")
 
 
-def _real(value: float | None) -> float | None:
-    """A time as a REAL column keeps it: a float, or None."""
-    return None if value is None else float(value)
+def _decode(row: Row) -> IntentRecord:
+    return decode_row(tuple(row.get(column) for column in COLUMN_NAMES))
 
 
-def _stored(response: StoredResponse | None) -> StoredResponse | None:
-    """A response as the SQLite outbox reads it back (headers through JSON, flags as ints)."""
-    if response is None:
-        return None
-    return StoredResponse(
-        status=int(response.status),
-        headers=_pairs(json.dumps(response.headers)),
-        body=bytes(response.body or b""),
-        truncated=bool(int(response.truncated)),
-        sha256=str(response.sha256 or ""),
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class _Attempt:
-    number: int
-    attempt: AttemptRecord
-    owner: str
-
-
-@dataclass(frozen=True, slots=True)
-class _Row:
-    """One intent: the record the shells read, plus what only the store sees."""
-
-    record: IntentRecord
-    updated_at: float
-    claim_token: str | None
-    log: tuple[_Attempt, ...]
-
-    def but(self, **changes: Any) -> _Row:
-        """This row with record fields (and ``updated_at``/``claim_token``/``log``) changed."""
-        own = {
-            name: changes.pop(name)
-            for name in ("updated_at", "claim_token", "log")
-            if name in changes
-        }
-        record = dataclasses.replace(self.record, **changes) if changes else self.record
-        return dataclasses.replace(self, record=record, **own)
-
-
-class MemoryOutbox:
+class MemoryOutbox(StoreBase):
     """An outbox held in memory, for unit tests: no file, no database, nothing to clean up.
 
     Pass one as ``outbox=`` to :class:`~postonce.Client` or
@@ -92,13 +52,11 @@ class MemoryOutbox:
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
-        self._rows: dict[int, _Row] = {}
+        self._rows: dict[int, Row] = {}  # id -> columns; replaced, never changed in place
+        self._attempts: dict[int, tuple[Row, ...]] = {}
         self._by_reference: dict[str, int] = {}
         self._by_key: dict[str, int] = {}
-        # The highest id in use: a new row takes the next one, as a SQLite rowid
-        # does (so the id of a deleted last row is used again).
-        self._meta: dict[str, int] = {"top": 0}
-        self._journal: list[tuple[MutableMapping[Any, Any], Any, Any]] | None = None
+        self._depth = 0
 
     def __repr__(self) -> str:
         return f"<MemoryOutbox: {len(self._rows)} intents>"
@@ -107,46 +65,97 @@ class MemoryOutbox:
 
     @contextmanager
     def _write(self) -> Iterator[None]:
-        """One atomic change: everything it set is undone if it raises."""
+        """One atomic change: the tables as they were come back if it raises.
+
+        A shallow copy per write: rows are never changed in place, so the copy
+        is a consistent snapshot. Linear in the rows, which a unit test keeps few.
+        """
         with self._lock:
-            if self._journal is not None:  # inside another write: that one undoes
+            if self._depth:  # inside another write: that one undoes
                 yield
                 return
-            self._journal = []
+            before = (dict(self._rows), dict(self._attempts))
+            keys = (dict(self._by_reference), dict(self._by_key))
+            self._depth += 1
             try:
                 yield
             except BaseException:
-                for mapping, key, old in reversed(self._journal):
-                    if old is _MISSING:
-                        mapping.pop(key, None)
-                    else:
-                        mapping[key] = old
+                self._rows, self._attempts = before
+                self._by_reference, self._by_key = keys
                 raise
             finally:
-                self._journal = None
+                self._depth -= 1
 
-    def _set(self, mapping: MutableMapping[Any, Any], key: Any, value: Any) -> None:
-        assert self._journal is not None, "a change outside _write"
-        self._journal.append((mapping, key, mapping.get(key, _MISSING)))
-        mapping[key] = value
+    def _change(self, intent_id: int, changes: decide.Changes) -> None:
+        self._rows[intent_id] = {**self._rows[intent_id], **changes}
 
-    def _drop(self, mapping: MutableMapping[Any, Any], key: Any) -> None:
-        assert self._journal is not None, "a change outside _write"
-        self._journal.append((mapping, key, mapping[key]))
-        del mapping[key]
-
-    def _owned(self, lease: Lease) -> _Row | None:
+    def _owned(self, lease: Lease) -> Row | None:
         """The row ``lease`` still owns (its token is the row's claim token), else None."""
         row = self._rows.get(lease.intent_id)
-        if row is None or row.claim_token is None or row.claim_token != lease.token:
+        if row is None or row.get("claim_token") is None or row["claim_token"] != lease.token:
             return None
         return row
+
+    def _fenced(self, lease: Lease, changes: decide.Changes, *, durable: bool) -> bool:
+        with self._write():
+            if self._owned(lease) is None:
+                return False
+            self._change(lease.intent_id, changes)
+            return True
+
+    def _record(
+        self, lease: Lease, attempt: AttemptRecord, changes: decide.Changes, *, durable: bool
+    ) -> bool:
+        with self._write():
+            row = self._owned(lease)
+            if row is None:
+                return False
+            number = int(row["attempts"]) + 1
+            self._change(lease.intent_id, {**changes, "attempts": number})
+            logged = decide.attempt_row(lease, number, attempt)
+            self._attempts[lease.intent_id] += (logged,)
+            return True
+
+    def _token(self) -> str:
+        # Minted here, through this module's ``os``, so a test can make it fail mid-claim.
+        return os.urandom(12).hex()
+
+    def _claim(self, *, due_by: float, now: float, limit: int, take: Take) -> list[Opened]:
+        claimed: list[Opened] = []
+        with self._write():
+            due = [row for row in self._rows.values() if self._due(row, due_by, now)]
+            due.sort(key=self._wake_order)
+            for row in due[:limit] if limit >= 0 else due:
+                opened, changes = take(_decode(row))
+                self._change(opened.record.id, changes)
+                claimed.append(opened)
+        return claimed
+
+    @staticmethod
+    def _wake_order(row: Row) -> tuple[bool, float, int]:
+        # When it became due (a sending row's lease expiry, else its due time),
+        # then id; NULL first, as SQLite sorts it (WAKE_ORDER).
+        sending = row["state"] == State.SENDING.value
+        when = row.get("lease_expires_at") if sending else row.get("due_at")
+        return (when is not None, 0.0 if when is None else when, row["id"])
+
+    @staticmethod
+    def _due(row: Row, due_by: float, now: float) -> bool:
+        state, due_at, expires = row["state"], row.get("due_at"), row.get("lease_expires_at")
+        if state == State.PENDING.value:
+            # A clock that went back leaves due times far ahead: pending rows
+            # touched "in the future" are due now (a live lease is never cut short).
+            late = row["updated_at"] > now + CLOCK_TOLERANCE
+            return late or (due_at is not None and due_at <= due_by)
+        if state == State.SENDING.value:
+            return expires is not None and expires <= due_by
+        return False
 
     def run_batch(self, calls: list[tuple[str, dict[str, Any]]]) -> list[tuple[bool, Any]]:
         """Run several store calls under the lock, in order; ``(ok, result or exception)`` each.
 
         A failing call changes nothing and the batch goes on, as with the
-        SQLite outbox's savepoints.
+        SQL outboxes' savepoints.
         """
         results: list[tuple[bool, Any]] = []
         with self._lock:
@@ -161,304 +170,62 @@ class MemoryOutbox:
     # -- the Store protocol -----------------------------------------------
 
     def open_intent(self, new: NewIntent, *, owner: str, now: float, lease_for: float) -> Opened:
-        token = os.urandom(12).hex()
-        expires = now + lease_for
+        lease = Lease(0, self._token(), owner, now + lease_for)
         with self._write():
-            if new.reference in self._by_reference or new.key in self._by_key:
-                return self._reopen(new, Lease(0, token, owner, expires), now)
-            id_ = self._meta["top"] + 1
-            record = IntentRecord(
-                id=id_,
-                reference=str(new.reference),
-                key=str(new.key),
-                provider=str(new.provider),
-                method=str(new.method),
-                url=str(new.url),
-                headers=_pairs(json.dumps(new.headers)),
-                body=bytes(new.body),
-                fingerprint=str(new.fingerprint),
-                state=State.SENDING,
-                created_at=float(now),
-                first_delivery_at=float(now),
-                due_at=None,
-                deadline_at=_real(new.deadline_at),
-                attempts=0,
-                last_outcome=None,
-                lease_owner=owner,
-                lease_expires_at=_real(expires),
-                response=None,
-                note=None,
-            )
-            self._set(self._rows, id_, _Row(record, float(now), token, ()))
-            self._set(self._by_reference, record.reference, id_)
-            self._set(self._by_key, record.key, id_)
-            self._set(self._meta, "top", id_)
-            return Opened(
-                record,
-                Lease(id_, token, owner, expires),
-                created=True,
-                conflict=None,
-                anchor_before=None,
-            )
-
-    def _reopen(self, new: NewIntent, lease: Lease, now: float) -> Opened:
-        found = self._by_reference.get(new.reference)
-        if found is None:  # not this reference: the key belongs to another intent
-            raise IntentConflict(
-                "this key already belongs to another intent", reference=new.reference, key=new.key
-            )
-        row = self._rows[found]
-        record = row.record
-        conflict = None
-        if record.fingerprint != new.fingerprint:
-            conflict = "it is stored with a different request (method, path, query or body)"
-        elif new.key_given and record.key != new.key:
-            conflict = "it is stored with a different key"
-        free = record.lease_expires_at is None or record.lease_expires_at <= now
-        if conflict or record.state in TERMINAL or not free:
-            return Opened(
-                record,
-                None,
-                created=False,
-                conflict=conflict,
-                anchor_before=record.first_delivery_at,
-            )
-        anchor = record.first_delivery_at if record.first_delivery_at is not None else now
-        claimed = row.but(
-            state=State.SENDING,
-            lease_owner=lease.owner,
-            lease_expires_at=_real(lease.expires_at),
-            claim_token=lease.token,
-            first_delivery_at=_real(anchor),
-            updated_at=float(now),
-        )
-        self._set(self._rows, record.id, claimed)
-        return Opened(
-            claimed.record,
-            Lease(record.id, lease.token, lease.owner, lease.expires_at),
-            created=False,
-            conflict=None,
-            anchor_before=record.first_delivery_at,
-        )
-
-    def record(
-        self,
-        lease: Lease,
-        attempt: AttemptRecord,
-        *,
-        state: State,
-        anchor: float | None,
-        due_at: float | None,
-        lease_until: float | None,
-        response: StoredResponse | None,
-        note: str | None,
-        durable: bool,
-    ) -> bool:
-        keep = lease_until is not None
-        with self._write():
-            row = self._owned(lease)
-            if row is None:
-                return False
-            number = row.record.attempts + 1
-            kept = AttemptRecord(
-                started_at=float(attempt.started_at),
-                duration=float(attempt.duration),
-                outcome=Outcome(attempt.outcome.value),
-                status=attempt.status,
-                error_type=attempt.error_type,
-                replayed=bool(int(attempt.replayed)),
-            )
-            changes: dict[str, Any] = {
-                "state": State(state.value),
-                "attempts": number,
-                "last_outcome": kept.outcome,
-                "first_delivery_at": _real(anchor),
-                "due_at": _real(due_at),
-                "lease_owner": lease.owner if keep else None,
-                "lease_expires_at": _real(lease_until),
-                "claim_token": lease.token if keep else None,
-                "updated_at": float(attempt.started_at + attempt.duration),
-                "note": row.record.note if note is None else note,
-                "log": (*row.log, _Attempt(number, kept, lease.owner)),
-            }
-            if response is not None:
-                changes["response"] = _stored(response)
-            self._set(self._rows, row.record.id, row.but(**changes))
-            return True
-
-    def renew(self, lease: Lease, *, now: float, until: float) -> Lease | None:
-        with self._write():
-            row = self._owned(lease)
-            if row is None:
-                return None
-            self._set(
-                self._rows,
-                row.record.id,
-                row.but(lease_expires_at=_real(until), updated_at=float(now)),
-            )
-        return Lease(lease.intent_id, lease.token, lease.owner, until)
-
-    def release(
-        self, lease: Lease, *, now: float, due_at: float | None, anchor: float | None
-    ) -> bool:
-        """Hand an unsent claim back: pending, due at ``due_at`` (default now).
-
-        ``anchor`` restores the horizon anchor the claim found: a claim that
-        sent nothing must not start the horizon.
-        """
-        with self._write():
-            row = self._owned(lease)
-            if row is None:
-                return False
-            released = row.but(
-                state=State.PENDING,
-                due_at=_real(now if due_at is None else due_at),
-                first_delivery_at=_real(anchor),
-                lease_owner=None,
-                lease_expires_at=None,
-                claim_token=None,
-                updated_at=float(now),
-            )
-            self._set(self._rows, row.record.id, released)
-            return True
-
-    def settle(self, lease: Lease, *, now: float, state: State, note: str) -> bool:
-        with self._write():
-            row = self._owned(lease)
-            if row is None:
-                return False
-            settled = row.but(
-                state=State(state.value),
-                note=note,
-                due_at=None,
-                lease_owner=None,
-                lease_expires_at=None,
-                claim_token=None,
-                updated_at=float(now),
-            )
-            self._set(self._rows, row.record.id, settled)
-            return True
-
-    def claim_due(
-        self,
-        *,
-        owner: str,
-        now: float,
-        limit: int,
-        lease_for: float,
-        due_by: float | None = None,
-    ) -> list[Opened]:
-        """Atomically lease up to ``limit`` intents that are due and not leased.
-
-        Due means: pending with ``due_at <= due_by`` (default: now), or sending
-        under a lease that expired by then (its owner died), or pending but
-        touched in the future (a clock that went back). Oldest due first.
-        """
-        expires = now + lease_for
-        due_by = now if due_by is None else min(due_by, now)
-        claimed: list[Opened] = []
-        with self._write():
-            due = [row for row in self._rows.values() if self._due(row, due_by, now)]
-
-            def order(row: _Row) -> tuple[bool, float, int]:
-                # When it became due (a sending row's lease expiry, else its due
-                # time), then id; NULL first, as SQLite sorts it (WAKE_ORDER).
-                record = row.record
-                sending = record.state is State.SENDING
-                when = record.lease_expires_at if sending else record.due_at
-                return (when is not None, 0.0 if when is None else when, record.id)
-
-            due.sort(key=order)
-            if limit >= 0:
-                due = due[:limit]
-            for row in due:
-                record = row.record
-                token = os.urandom(12).hex()
-                anchor = record.first_delivery_at if record.delivered_maybe else now
-                taken = row.but(
-                    state=State.SENDING,
-                    lease_owner=owner,
-                    lease_expires_at=_real(expires),
-                    claim_token=token,
-                    first_delivery_at=_real(anchor),
-                    updated_at=float(now),
-                )
-                self._set(self._rows, record.id, taken)
-                claimed.append(
-                    Opened(
-                        taken.record,
-                        Lease(record.id, token, owner, expires),
-                        created=False,
-                        conflict=None,
-                        anchor_before=record.first_delivery_at,
-                    )
-                )
-        return claimed
-
-    @staticmethod
-    def _due(row: _Row, due_by: float, now: float) -> bool:
-        record = row.record
-        if record.state is State.PENDING:
-            if record.due_at is not None and record.due_at <= due_by:
-                return True
-            # A clock that went back leaves due times far ahead: pending rows
-            # touched "in the future" are due now (a live lease is never cut short).
-            return row.updated_at > now + CLOCK_TOLERANCE
-        if record.state is State.SENDING:
-            return record.lease_expires_at is not None and record.lease_expires_at <= due_by
-        return False
+            found = self._by_reference.get(new.reference)
+            if found is not None:
+                opened, changes = decide.reopened(_decode(self._rows[found]), new, lease, now)
+                if changes is not None:
+                    self._change(found, changes)
+                return opened
+            if new.key in self._by_key:  # not this reference: the key belongs to another intent
+                raise IntentConflict(decide.KEY_TAKEN, reference=new.reference, key=new.key)
+            # The next id after the highest in use, as a SQLite rowid takes it.
+            id_ = max(self._rows, default=0) + 1
+            self._rows[id_] = {"id": id_, **decide.insert_row(new, lease, now)}
+            self._attempts[id_] = ()
+            self._by_reference[new.reference] = self._by_key[new.key] = id_
+            return decide.created(new, id_, lease, now)
 
     def get(self, reference: str) -> IntentRecord | None:
         with self._lock:
             found = self._by_reference.get(reference)
-            return None if found is None else self._rows[found].record
+            return None if found is None else _decode(self._rows[found])
 
     def attempts(self, reference: str) -> list[AttemptRecord]:
         with self._lock:
             found = self._by_reference.get(reference)
-            if found is None:
-                return []
-            log = sorted(self._rows[found].log, key=lambda a: a.number)
-        return [a.attempt for a in log]
+            log = () if found is None else self._attempts[found]
+        return [decode_attempt(tuple(a[c] for c in _ATTEMPT)) for a in log]
 
     def list_intents(
         self, *, state: State | None = None, limit: int | None = None
     ) -> list[IntentRecord]:
         """Intents, newest first, optionally of one state."""
         with self._lock:
-            rows = sorted(self._rows.values(), key=lambda r: r.record.id, reverse=True)
-        found = [r.record for r in rows if state is None or r.record.state.value == state.value]
-        if limit is not None and limit >= 0:
-            found = found[:limit]
-        return found
+            rows = [self._rows[i] for i in sorted(self._rows, reverse=True)]
+        found = [_decode(r) for r in rows if state is None or r["state"] == state.value]
+        return found[:limit] if limit is not None and limit >= 0 else found
 
     def stats(self, *, now: float) -> dict[str, Any]:
         """Counts per state, the oldest pending intent, the next due time, expired ones."""
         with self._lock:
-            records = [row.record for row in self._rows.values()]
-        counts = {state.value: 0 for state in State}
-        for record in records:
-            if record.purged_at is None:
-                counts[record.state.value] += 1
-        pending = [r for r in records if r.state is State.PENDING]
-        sending = [r for r in records if r.state is State.SENDING]
-        oldest = min((r.created_at for r in pending), default=None)
-        next_due = min((r.due_at for r in pending if r.due_at is not None), default=None)
-        lease_due = min(
-            (r.lease_expires_at for r in sending if r.lease_expires_at is not None), default=None
+            records = [_decode(row) for row in self._rows.values()]
+        counts: dict[str, int] = {}
+        for r in records:
+            if r.purged_at is None:
+                counts[r.state.value] = counts.get(r.state.value, 0) + 1
+        pending = [r for r in records if r.state is State.PENDING and r.due_at is not None]
+        leased = [r for r in records if r.state is State.SENDING and r.lease_expires_at]
+        return decide.stats_report(
+            counts,
+            oldest=min((r.created_at for r in records if r.state is State.PENDING), default=None),
+            next_due=min((r.due_at for r in pending if r.due_at is not None), default=None),
+            lease_due=min((r.lease_expires_at or 0.0 for r in leased), default=None),
+            tombstones=sum(1 for r in records if r.purged_at is not None),
+            due_now=sum(1 for r in pending if r.due_at is not None and r.due_at <= now)
+            + sum(1 for r in leased if (r.lease_expires_at or 0.0) <= now),
         )
-        due_now = sum(1 for r in pending if r.due_at is not None and r.due_at <= now) + sum(
-            1 for r in sending if r.lease_expires_at is not None and r.lease_expires_at <= now
-        )
-        candidates = [t for t in (next_due, lease_due) if t is not None]
-        return {
-            "states": counts,
-            "due_now": due_now,
-            "oldest_pending_created_at": oldest,
-            "next_due_at": min(candidates) if candidates else None,
-            "expired_needing_attention": counts[State.EXPIRED.value],
-            "tombstones": sum(1 for r in records if r.purged_at is not None),
-        }
 
     def operator_move(self, reference: str, to: State, *, now: float, note: str) -> IntentRecord:
         """An operator's cancel or resolve, checked by the life-cycle rules, atomically."""
@@ -466,19 +233,9 @@ class MemoryOutbox:
             found = self._by_reference.get(reference)
             if found is None:
                 raise KeyError(reference)
-            row = self._rows[found]
-            operator_move(row.record, to, now)
-            moved = row.but(
-                state=State(to.value),
-                note=note,
-                due_at=None,
-                lease_owner=None,
-                lease_expires_at=None,
-                claim_token=None,
-                updated_at=float(now),
-            )
-            self._set(self._rows, found, moved)
-            return moved.record
+            after, changes = decide.moved(_decode(self._rows[found]), to, now, note)
+            self._change(found, changes)
+            return after
 
     def purge(self, *, before: float, tombstones: bool, now: float) -> int:
         """Forget finished intents last changed before ``before`` (never unresolved expired ones).
@@ -489,42 +246,27 @@ class MemoryOutbox:
         """
         with self._write():
             if tombstones:
-                gone = [
-                    row.record
-                    for row in self._rows.values()
-                    if row.record.purged_at is not None and row.record.purged_at < before
-                ]
-                for record in gone:
-                    self._drop(self._rows, record.id)
-                    self._drop(self._by_reference, record.reference)
-                    self._drop(self._by_key, record.key)
-                self._set(self._meta, "top", max(self._rows, default=0))
+                gone = [r for r in self._rows.values() if (r.get("purged_at") or before) < before]
+                for row in gone:
+                    del self._rows[row["id"]], self._attempts[row["id"]]
+                    del self._by_reference[row["reference"]], self._by_key[row["key"]]
                 return len(gone)
-            # An expired intent stays until a person resolves it: purging it would
-            # hide it from the "needs attention" count.
             finished = [
-                row
-                for row in self._rows.values()
-                if row.record.state in TERMINAL
-                and row.record.state is not State.EXPIRED
-                and row.updated_at < before
-                and row.record.purged_at is None
+                r["id"]
+                for r in self._rows.values()
+                if r["state"] in decide.PURGEABLE
+                and r["updated_at"] < before
+                and r.get("purged_at") is None
             ]
-            for row in finished:
-                kept = row.record.response
-                if kept is not None:
-                    kept = dataclasses.replace(kept, headers=(), body=b"")
-                self._set(
-                    self._rows,
-                    row.record.id,
-                    row.but(body=b"", headers=(), response=kept, purged_at=float(now), log=()),
-                )
+            for intent_id in finished:
+                self._change(intent_id, decide.purged(now))
+                self._attempts[intent_id] = ()
             return len(finished)
 
     def export_rows(self) -> Iterator[dict[str, Any]]:
         """Every intent with its attempts, as plain data (one consistent snapshot)."""
         with self._lock:
-            return iter(list(export_rows(self)))
+            return iter(list(super().export_rows()))
 
     def close(self) -> None:
         """Nothing to close: the data stays for as long as this object lives."""

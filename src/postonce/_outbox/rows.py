@@ -7,17 +7,22 @@ import json
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from .._exceptions import OutboxError
 from .._intent import IntentRecord, Outcome, State, StoredResponse
+from .base import AttemptRecord
 
 if TYPE_CHECKING:
     from .base import Store
 
 __all__ = [
     "COLUMNS",
+    "COLUMN_NAMES",
     "STORED_BODY_LIMIT",
+    "decode_attempt",
     "decode_row",
     "export_rows",
     "needs_durable",
+    "newer_schema",
     "storable_response",
 ]
 
@@ -25,12 +30,35 @@ __all__ = [
 #: SHA-256 of the whole body, and flagged as truncated.
 STORED_BODY_LIMIT = 1 << 20
 
-COLUMNS = (
-    "id, reference, key, provider, method, url, headers, body, fingerprint, state, "
-    "created_at, first_delivery_at, due_at, deadline_at, attempts, last_outcome, lease_owner, "
-    "lease_expires_at, response_status, response_headers, response_body, "
-    "response_truncated, response_sha256, note, purged_at"
+#: The intent columns a record is decoded from, in :func:`decode_row`'s order.
+COLUMN_NAMES = (
+    "id",
+    "reference",
+    "key",
+    "provider",
+    "method",
+    "url",
+    "headers",
+    "body",
+    "fingerprint",
+    "state",
+    "created_at",
+    "first_delivery_at",
+    "due_at",
+    "deadline_at",
+    "attempts",
+    "last_outcome",
+    "lease_owner",
+    "lease_expires_at",
+    "response_status",
+    "response_headers",
+    "response_body",
+    "response_truncated",
+    "response_sha256",
+    "note",
+    "purged_at",
 )
+COLUMNS = ", ".join(COLUMN_NAMES)
 # Headers that describe the stored bytes' transport, not the answer itself.
 _DROP_RESPONSE_HEADERS = frozenset(
     {"content-encoding", "content-length", "transfer-encoding", "set-cookie", "connection"}
@@ -39,6 +67,24 @@ _DROP_RESPONSE_HEADERS = frozenset(
 
 def _pairs(text: str | None) -> tuple[tuple[str, str], ...]:
     return tuple((str(n), str(v)) for n, v in json.loads(text)) if text else ()
+
+
+def _time(value: Any) -> float | None:
+    """A REAL column as a float (a backend may hand back an int it was given)."""
+    return None if value is None else float(value)
+
+
+def decode_attempt(row: tuple[Any, ...]) -> AttemptRecord:
+    """An attempts-table row: ``started_at, duration, outcome, status, error_type, replayed``."""
+    started_at, duration, outcome, status, error_type, replayed = row
+    return AttemptRecord(
+        started_at=float(started_at),
+        duration=float(duration),
+        outcome=Outcome(outcome),
+        status=status,
+        error_type=error_type,
+        replayed=bool(replayed),
+    )
 
 
 def decode_row(row: tuple[Any, ...]) -> IntentRecord:
@@ -90,16 +136,16 @@ def decode_row(row: tuple[Any, ...]) -> IntentRecord:
         fingerprint=str(fingerprint),
         state=State(state),
         created_at=float(created_at),
-        first_delivery_at=first_delivery_at,
-        due_at=due_at,
-        deadline_at=deadline_at,
+        first_delivery_at=_time(first_delivery_at),
+        due_at=_time(due_at),
+        deadline_at=_time(deadline_at),
         attempts=int(attempts),
         last_outcome=Outcome(last_outcome) if last_outcome else None,
         lease_owner=lease_owner,
-        lease_expires_at=lease_expires_at,
+        lease_expires_at=_time(lease_expires_at),
         response=response,
         note=note,
-        purged_at=purged_at,
+        purged_at=_time(purged_at),
     )
 
 
@@ -124,6 +170,14 @@ def needs_durable(method: str, kwargs: dict[str, Any]) -> bool:
     if method == "record":
         return bool(kwargs.get("durable"))
     return method in _DURABLE_CALLS
+
+
+def newer_schema(where: str, found: int, known: int) -> OutboxError:
+    """The error for an outbox a newer postonce wrote: never read or migrate it down."""
+    return OutboxError(
+        f"the outbox {where} has schema version {found}, written by a newer postonce; "
+        f"this one knows versions up to {known}: upgrade postonce"
+    )
 
 
 def export_rows(store: Store) -> Iterator[dict[str, Any]]:

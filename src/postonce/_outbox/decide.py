@@ -1,0 +1,308 @@
+"""What each store move means, decided once for every backend.
+
+Pure functions of a record, the caller's request and ``now``: no connection,
+no lock, no clock. Each answers with the column values to write (a plain
+``dict`` of column name to value) and the record or ``Opened`` the caller is
+handed back. The SQL stores spell the changes as ``UPDATE ... SET``; the
+memory store applies them to its dictionaries. So who may take an intent,
+what a claim sets and what an attempt records are written here alone, and a
+backend file keeps only what truly differs: connections, locking, SQL.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from .._intent import TERMINAL, IntentRecord, State, StoredResponse, operator_move
+from .base import AttemptRecord, Lease, NewIntent, Opened
+
+__all__ = [
+    "KEY_TAKEN",
+    "PURGEABLE",
+    "Changes",
+    "attempt_row",
+    "claim_anchor",
+    "conflict_with",
+    "created",
+    "insert_row",
+    "moved",
+    "purged",
+    "recorded",
+    "released",
+    "renewed",
+    "reopened",
+    "settled",
+    "stats_report",
+    "taken",
+]
+
+#: Column name -> value, as a store writes them.
+Changes = dict[str, Any]
+
+#: The states whose rows purge may reduce to tombstones. An expired intent stays
+#: until a person resolves it: purging it would hide it from "needs attention".
+PURGEABLE = tuple(sorted(s.value for s in TERMINAL if s is not State.EXPIRED))
+
+#: Why a new intent whose key another reference holds is refused.
+KEY_TAKEN = "this key already belongs to another intent"
+
+
+def insert_row(new: NewIntent, lease: Lease, now: float) -> Changes:
+    """The columns of a new intent: stored, and leased to its first sender, in one write."""
+    return {
+        "reference": new.reference,
+        "key": new.key,
+        "provider": new.provider,
+        "method": new.method,
+        "url": new.url,
+        "headers": json.dumps(new.headers),
+        "body": bytes(new.body),
+        "fingerprint": new.fingerprint,
+        "state": State.SENDING.value,
+        "created_at": now,
+        "updated_at": now,
+        # The first send follows at once: the horizon starts with the write-ahead.
+        "first_delivery_at": now,
+        "deadline_at": new.deadline_at,
+        "attempts": 0,
+        "lease_owner": lease.owner,
+        "lease_expires_at": lease.expires_at,
+        "claim_token": lease.token,
+    }
+
+
+def created(new: NewIntent, intent_id: int, lease: Lease, now: float) -> Opened:
+    """What ``open_intent`` hands back for the row :func:`insert_row` wrote."""
+    record = IntentRecord(
+        id=intent_id,
+        reference=new.reference,
+        key=new.key,
+        provider=new.provider,
+        method=new.method,
+        url=new.url,
+        headers=new.headers,
+        body=bytes(new.body),
+        fingerprint=new.fingerprint,
+        state=State.SENDING,
+        created_at=now,
+        first_delivery_at=now,
+        due_at=None,
+        deadline_at=new.deadline_at,
+        attempts=0,
+        last_outcome=None,
+        lease_owner=lease.owner,
+        lease_expires_at=lease.expires_at,
+        response=None,
+        note=None,
+    )
+    return Opened(
+        record,
+        dataclasses.replace(lease, intent_id=intent_id),
+        created=True,
+        conflict=None,
+        anchor_before=None,
+    )
+
+
+def conflict_with(record: IntentRecord, new: NewIntent) -> str | None:
+    """Why the stored intent is not the request ``new`` describes, or None if it is."""
+    if record.fingerprint != new.fingerprint:
+        return "it is stored with a different request (method, path, query or body)"
+    if new.key_given and record.key != new.key:
+        return "it is stored with a different key"
+    return None
+
+
+def taken(record: IntentRecord, lease: Lease, now: float, anchor: float) -> tuple[Opened, Changes]:
+    """A lease taken on a stored intent: the columns to write and what the taker is handed.
+
+    ``anchor`` is the horizon anchor from now on; the one the row had is kept
+    in ``anchor_before`` so a claim that sends nothing can put it back.
+    """
+    changes: Changes = {
+        "state": State.SENDING.value,
+        "lease_owner": lease.owner,
+        "lease_expires_at": lease.expires_at,
+        "claim_token": lease.token,
+        "first_delivery_at": anchor,
+        "updated_at": now,
+    }
+    opened = Opened(
+        dataclasses.replace(
+            record,
+            state=State.SENDING,
+            first_delivery_at=anchor,
+            lease_owner=lease.owner,
+            lease_expires_at=lease.expires_at,
+        ),
+        dataclasses.replace(lease, intent_id=record.id),
+        created=False,
+        conflict=None,
+        anchor_before=record.first_delivery_at,
+    )
+    return opened, changes
+
+
+def reopened(
+    record: IntentRecord, new: NewIntent, lease: Lease, now: float
+) -> tuple[Opened, Changes | None]:
+    """``open_intent`` found ``new``'s reference stored: take it over, or say why not.
+
+    Taken only when it is the same request, unfinished and not leased by a
+    live sender; otherwise nothing is written (``None``) and the caller reads
+    the stored record (a conflict, a finished answer, or a sender to wait for).
+    """
+    conflict = conflict_with(record, new)
+    free = record.lease_expires_at is None or record.lease_expires_at <= now
+    if conflict or record.state in TERMINAL or not free:
+        kept = Opened(
+            record, None, created=False, conflict=conflict, anchor_before=record.first_delivery_at
+        )
+        return kept, None
+    # The caller sends at once: a row never sent starts its horizon now.
+    anchor = record.first_delivery_at if record.first_delivery_at is not None else now
+    return taken(record, lease, now, anchor)
+
+
+def claim_anchor(record: IntentRecord, now: float) -> float:
+    """The horizon anchor a drain's claim sets: kept once a send may have landed, else now."""
+    if record.delivered_maybe:
+        assert record.first_delivery_at is not None
+        return record.first_delivery_at
+    return now
+
+
+def recorded(
+    lease: Lease,
+    attempt: AttemptRecord,
+    *,
+    state: State,
+    anchor: float | None,
+    due_at: float | None,
+    lease_until: float | None,
+    response: StoredResponse | None,
+    note: str | None,
+) -> Changes:
+    """The columns one recorded attempt sets (the attempt count is raised by one besides).
+
+    ``lease_until`` keeps the lease for the next attempt; None hands it back.
+    A note or a response is written only when given: an attempt without one
+    keeps what the row had.
+    """
+    keep = lease_until is not None
+    changes: Changes = {
+        "state": state.value,
+        "last_outcome": attempt.outcome.value,
+        "first_delivery_at": anchor,
+        "due_at": due_at,
+        "lease_owner": lease.owner if keep else None,
+        "lease_expires_at": lease_until,
+        "claim_token": lease.token if keep else None,
+        "updated_at": attempt.started_at + attempt.duration,
+    }
+    if note is not None:
+        changes["note"] = note
+    if response is not None:
+        changes.update(
+            response_status=response.status,
+            response_headers=json.dumps(response.headers),
+            response_body=bytes(response.body),
+            response_truncated=int(response.truncated),
+            response_sha256=response.sha256,
+        )
+    return changes
+
+
+def attempt_row(lease: Lease, number: int, attempt: AttemptRecord) -> Changes:
+    """The attempts-table row of attempt ``number`` of the leased intent."""
+    return {
+        "intent_id": lease.intent_id,
+        "number": number,
+        "started_at": attempt.started_at,
+        "duration": attempt.duration,
+        "outcome": attempt.outcome.value,
+        "status": attempt.status,
+        "error_type": attempt.error_type,
+        "replayed": int(attempt.replayed),
+        "owner": lease.owner,
+    }
+
+
+def renewed(now: float, until: float) -> Changes:
+    """A held lease extended to ``until``."""
+    return {"lease_expires_at": until, "updated_at": now}
+
+
+def released(now: float, due_at: float | None, anchor: float | None) -> Changes:
+    """An unsent claim handed back: pending, due at ``due_at`` (default now).
+
+    ``anchor`` restores the horizon anchor the claim found: a claim that sent
+    nothing must not start the horizon.
+    """
+    return {
+        "state": State.PENDING.value,
+        "due_at": now if due_at is None else due_at,
+        "first_delivery_at": anchor,
+        "lease_owner": None,
+        "lease_expires_at": None,
+        "claim_token": None,
+        "updated_at": now,
+    }
+
+
+def settled(now: float, state: State, note: str) -> Changes:
+    """A terminal move without a send (expired, cancelled, resolved): no lease, nothing due."""
+    return {
+        "state": state.value,
+        "note": note,
+        "due_at": None,
+        "lease_owner": None,
+        "lease_expires_at": None,
+        "claim_token": None,
+        "updated_at": now,
+    }
+
+
+def moved(record: IntentRecord, to: State, now: float, note: str) -> tuple[IntentRecord, Changes]:
+    """An operator's cancel or resolve, checked by the life-cycle rules (raises IllegalMove)."""
+    operator_move(record, to, now)
+    after = dataclasses.replace(
+        record, state=to, note=note, due_at=None, lease_owner=None, lease_expires_at=None
+    )
+    return after, settled(now, to, note)
+
+
+def purged(now: float) -> Changes:
+    """What a tombstone keeps of a finished intent: no request, no answer body."""
+    return {
+        "body": b"",
+        "headers": "[]",
+        "response_headers": None,
+        "response_body": None,
+        "purged_at": now,
+    }
+
+
+def stats_report(
+    counts: dict[str, int],
+    *,
+    oldest: float | None,
+    next_due: float | None,
+    lease_due: float | None,
+    tombstones: int,
+    due_now: int,
+) -> dict[str, Any]:
+    """``outbox stats`` from the figures a store counted."""
+    states = {state.value: 0 for state in State}
+    states.update(counts)
+    candidates = [t for t in (next_due, lease_due) if t is not None]
+    return {
+        "states": states,
+        "due_now": int(due_now),
+        "oldest_pending_created_at": oldest,
+        "next_due_at": min(candidates) if candidates else None,
+        "expired_needing_attention": states[State.EXPIRED.value],
+        "tombstones": int(tombstones),
+    }

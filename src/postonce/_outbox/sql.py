@@ -1,0 +1,277 @@
+"""The Store protocol once, in SQL, for every SQL backend.
+
+:class:`SQLStore` writes each store move as SQL over the decisions in
+:mod:`.decide`. A backend subclass supplies only what truly differs: how a
+transaction is opened and committed (and how durable it is), how a read runs,
+which due rows a claim may lock (``BEGIN IMMEDIATE`` in SQLite, ``FOR UPDATE
+SKIP LOCKED`` in PostgreSQL), and the spelling of the dialect: placeholders,
+schema-qualified table names, the row-lock clause and "no limit".
+
+Statements are written with ``?`` placeholders and ``{intents}`` /
+``{attempts}`` for the tables; :meth:`SQLStore._sql` spells them for the
+backend once and caches the result.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import Any, ClassVar
+
+from .._exceptions import IntentConflict
+from .._intent import IntentRecord, State
+from . import decide
+from .base import AttemptRecord, Lease, NewIntent, Opened
+from .rows import COLUMNS, decode_attempt, decode_row
+from .store import StoreBase, Take
+
+__all__ = ["SQLStore"]
+
+# ``conn`` below is a DB-API connection, sqlite3's or psycopg's: both answer
+# ``execute(query, params)`` with a cursor, and neither's stubs name the other.
+
+
+class SQLStore(StoreBase):
+    """One outbox implementation over a SQL dialect; subclasses bring the connection."""
+
+    #: The dialect's parameter marker.
+    placeholder: ClassVar[str] = "?"
+    #: Appended to a SELECT that reads a row it is about to change.
+    lock_row: ClassVar[str] = ""
+    #: The LIMIT value that means "all rows".
+    no_limit: ClassVar[int | None] = -1
+    #: The driver's unique-violation errors (an INSERT racing another).
+    integrity_errors: ClassVar[tuple[type[Exception], ...]] = ()
+
+    def __init__(self, intents: str, attempts: str) -> None:
+        self._tables = {"intents": intents, "attempts": attempts}
+        self._spelled: dict[str, str] = {}
+
+    # -- what a backend supplies -----------------------------------------
+
+    @abstractmethod
+    def _write(self, durable: bool) -> AbstractContextManager[Any]:
+        """One write transaction (or a savepoint inside the running batch); yields a connection.
+
+        ``durable``: the commit must survive power loss (where the outbox is
+        configured for it). A driver error leaves as ``OutboxError``; a
+        unique violation as one of :attr:`integrity_errors`.
+        """
+
+    @abstractmethod
+    def _read(self, query: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        """Run one spelled SELECT outside any write; driver errors leave as ``OutboxError``."""
+
+    @abstractmethod
+    def _due_rows(
+        self, conn: Any, *, due_by: float, now: float, limit: int
+    ) -> list[tuple[Any, ...]]:
+        """The rows (``COLUMNS``) a claim takes: due, oldest due first, at most ``limit``.
+
+        Due means pending with ``due_at <= due_by``; sending under a lease that
+        expired by ``due_by`` (its owner died); or pending but touched after
+        ``now`` plus the clock tolerance (a clock that went back). Each row is
+        locked against other claimants until the transaction ends.
+        """
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    # -- the dialect -------------------------------------------------------
+
+    def _sql(self, text: str) -> str:
+        """``text`` in this backend's spelling (tables named, placeholders marked)."""
+        spelled = self._spelled.get(text)
+        if spelled is None:
+            spelled = text.format(**self._tables).replace("?", self.placeholder)
+            self._spelled[text] = spelled
+        return spelled
+
+    def _select(self, text: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return self._read(self._sql(text), params)
+
+    def _run(self, conn: Any, text: str, params: Sequence[Any]) -> Any:
+        """Execute one statement inside a write; returns the driver's cursor."""
+        return conn.execute(self._sql(text), params)
+
+    def _update(
+        self, conn: Any, intent_id: int, changes: decide.Changes, *, token: str | None = None
+    ) -> int:
+        """Write ``changes`` to one intent (only while ``token`` owns it, if given)."""
+        fence = " AND claim_token = ?" if token is not None else ""
+        sets = ", ".join(f"{column} = ?" for column in changes)
+        params = (*changes.values(), intent_id) + ((token,) if token is not None else ())
+        cur = self._run(conn, f"UPDATE {{intents}} SET {sets} WHERE id = ?{fence}", params)
+        return int(cur.rowcount)
+
+    def _fenced(self, lease: Lease, changes: decide.Changes, *, durable: bool) -> bool:
+        """One change to a leased intent, accepted only while the lease's token owns it."""
+        with self._write(durable=durable) as conn:
+            return self._update(conn, lease.intent_id, changes, token=lease.token) == 1
+
+    def _by_reference(self, conn: Any, reference: str) -> IntentRecord | None:
+        """The intent stored under ``reference``, locked for this transaction's change."""
+        row = self._run(
+            conn,
+            f"SELECT {COLUMNS} FROM {{intents}} WHERE reference = ?{self.lock_row}",
+            (reference,),
+        ).fetchone()
+        return None if row is None else decode_row(row)
+
+    # -- the Store protocol -----------------------------------------------
+
+    def open_intent(self, new: NewIntent, *, owner: str, now: float, lease_for: float) -> Opened:
+        lease = Lease(0, self._token(), owner, now + lease_for)
+        row = decide.insert_row(new, lease, now)
+        columns = ", ".join(row)
+        marks = ", ".join("?" for _ in row)
+        try:
+            with self._write(durable=True) as conn:
+                found = self._run(
+                    conn,
+                    f"INSERT INTO {{intents}} ({columns}) VALUES ({marks})"
+                    # Any unique conflict (reference or key, even both at once under
+                    # concurrency) inserts nothing; which one it was is read back.
+                    " ON CONFLICT DO NOTHING RETURNING id",
+                    tuple(row.values()),
+                ).fetchone()
+                if found is not None:
+                    return decide.created(new, int(found[0]), lease, now)
+                record = self._by_reference(conn, new.reference)
+                if record is None:  # not this reference: the key belongs to another intent
+                    raise IntentConflict(decide.KEY_TAKEN, reference=new.reference, key=new.key)
+                opened, changes = decide.reopened(record, new, lease, now)
+                if changes is not None:
+                    self._update(conn, record.id, changes)
+                return opened
+        except self.integrity_errors as exc:
+            raise IntentConflict(decide.KEY_TAKEN, reference=new.reference, key=new.key) from exc
+
+    def _record(
+        self, lease: Lease, attempt: AttemptRecord, changes: decide.Changes, *, durable: bool
+    ) -> bool:
+        sets = ", ".join(f"{column} = ?" for column in changes)
+        with self._write(durable=durable) as conn:
+            numbered = self._run(
+                conn,
+                f"UPDATE {{intents}} SET {sets}, attempts = attempts + 1"
+                " WHERE id = ? AND claim_token = ? RETURNING attempts",
+                (*changes.values(), lease.intent_id, lease.token),
+            ).fetchone()
+            if numbered is None:
+                return False
+            row = decide.attempt_row(lease, int(numbered[0]), attempt)
+            columns = ", ".join(row)
+            marks = ", ".join("?" for _ in row)
+            self._run(
+                conn, f"INSERT INTO {{attempts}} ({columns}) VALUES ({marks})", tuple(row.values())
+            )
+            return True
+
+    def _claim(self, *, due_by: float, now: float, limit: int, take: Take) -> list[Opened]:
+        claimed: list[Opened] = []
+        updates: list[tuple[Any, ...]] = []
+        sets = ""
+        with self._write(durable=True) as conn:
+            for row in self._due_rows(conn, due_by=due_by, now=now, limit=limit):
+                opened, changes = take(decode_row(row))
+                claimed.append(opened)
+                updates.append((*changes.values(), opened.record.id))
+                sets = ", ".join(f"{column} = ?" for column in changes)
+            if updates:
+                # One statement for the batch (psycopg pipelines it: one round trip).
+                conn.cursor().executemany(
+                    self._sql(f"UPDATE {{intents}} SET {sets} WHERE id = ?"), updates
+                )
+        return claimed
+
+    def get(self, reference: str) -> IntentRecord | None:
+        rows = self._select(f"SELECT {COLUMNS} FROM {{intents}} WHERE reference = ?", (reference,))
+        return decode_row(rows[0]) if rows else None
+
+    def attempts(self, reference: str) -> list[AttemptRecord]:
+        rows = self._select(
+            "SELECT a.started_at, a.duration, a.outcome, a.status, a.error_type, a.replayed"
+            " FROM {attempts} a JOIN {intents} i ON i.id = a.intent_id"
+            " WHERE i.reference = ? ORDER BY a.number",
+            (reference,),
+        )
+        return [decode_attempt(r) for r in rows]
+
+    def list_intents(
+        self, *, state: State | None = None, limit: int | None = None
+    ) -> list[IntentRecord]:
+        """Intents, newest first, optionally of one state."""
+        where = "WHERE state = ?" if state is not None else ""
+        params: tuple[object, ...] = (state.value,) if state is not None else ()
+        rows = self._select(
+            f"SELECT {COLUMNS} FROM {{intents}} {where} ORDER BY id DESC LIMIT ?",
+            (*params, self.no_limit if limit is None else limit),
+        )
+        return [decode_row(r) for r in rows]
+
+    def stats(self, *, now: float) -> dict[str, Any]:
+        """Counts per state, the oldest pending intent, the next due time, expired ones."""
+        counts = self._select(
+            "SELECT state, count(*) FROM {intents} WHERE purged_at IS NULL GROUP BY state"
+        )
+        oldest, next_due, lease_due, tombstones, due_now = self._select(
+            "SELECT"
+            " (SELECT min(created_at) FROM {intents} WHERE state = 'pending'),"
+            " (SELECT min(due_at) FROM {intents} WHERE state = 'pending'),"
+            " (SELECT min(lease_expires_at) FROM {intents} WHERE state = 'sending'),"
+            " (SELECT count(*) FROM {intents} WHERE purged_at IS NOT NULL),"
+            " (SELECT count(*) FROM {intents} WHERE state = 'pending' AND due_at <= ?)"
+            " + (SELECT count(*) FROM {intents} WHERE state = 'sending' AND lease_expires_at <= ?)",
+            (now, now),
+        )[0]
+        return decide.stats_report(
+            {str(state): int(count) for state, count in counts},
+            oldest=oldest,
+            next_due=next_due,
+            lease_due=lease_due,
+            tombstones=tombstones,
+            due_now=due_now,
+        )
+
+    def operator_move(self, reference: str, to: State, *, now: float, note: str) -> IntentRecord:
+        """An operator's cancel or resolve, checked by the life-cycle rules, atomically."""
+        with self._write(durable=True) as conn:
+            record = self._by_reference(conn, reference)
+            if record is None:
+                raise KeyError(reference)
+            after, changes = decide.moved(record, to, now, note)
+            self._update(conn, record.id, changes)
+        return after
+
+    def purge(self, *, before: float, tombstones: bool, now: float) -> int:
+        """Forget finished intents last changed before ``before`` (never unresolved expired ones).
+
+        By default each keeps a tombstone (reference, key, fingerprint, state),
+        so the same reference is never executed again; ``tombstones=True``
+        deletes tombstones of that age instead.
+        """
+        if tombstones:
+            ids = "SELECT id FROM {intents} WHERE purged_at IS NOT NULL AND purged_at < ?"
+            params: tuple[object, ...] = (before,)
+        else:
+            marks = ", ".join("?" for _ in decide.PURGEABLE)
+            ids = (
+                f"SELECT id FROM {{intents}} WHERE state IN ({marks})"
+                " AND updated_at < ? AND purged_at IS NULL"
+            )
+            params = (*decide.PURGEABLE, before)
+        with self._write(durable=True) as conn:
+            self._run(conn, f"DELETE FROM {{attempts}} WHERE intent_id IN ({ids})", params)
+            if tombstones:
+                cur = self._run(conn, f"DELETE FROM {{intents}} WHERE id IN ({ids})", params)
+            else:
+                changes = decide.purged(now)
+                sets = ", ".join(f"{column} = ?" for column in changes)
+                cur = self._run(
+                    conn,
+                    f"UPDATE {{intents}} SET {sets} WHERE id IN ({ids})",
+                    (*changes.values(), *params),
+                )
+            return int(cur.rowcount)

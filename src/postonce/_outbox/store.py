@@ -1,0 +1,114 @@
+"""The store moves every backend makes the same way, written once over two small hooks.
+
+A backend (the SQL store, the memory store) subclasses :class:`StoreBase` and
+supplies how a fenced change and a recorded attempt are written; what those
+moves change is :mod:`.decide`'s.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from .._intent import IntentRecord, State, StoredResponse
+from . import decide
+from .base import AttemptRecord, Lease, Opened
+from .rows import export_rows
+
+__all__ = ["StoreBase", "Take"]
+
+#: Takes one due intent: what to write to its row, and what the claimant is handed.
+Take = Callable[[IntentRecord], tuple[Opened, decide.Changes]]
+
+
+class StoreBase(ABC):
+    """Lease upkeep and attempt records, decided once; backends write them."""
+
+    @abstractmethod
+    def _claim(self, *, due_by: float, now: float, limit: int, take: Take) -> list[Opened]:
+        """In one transaction, ``take`` each due intent (oldest due first, at most ``limit``).
+
+        Due means pending with ``due_at <= due_by``; sending under a lease that
+        expired by ``due_by`` (its owner died); or pending but touched after
+        ``now`` plus the clock tolerance (a clock that went back). Write the
+        changes ``take`` returns for each; answer what it handed out.
+        """
+
+    @abstractmethod
+    def _fenced(self, lease: Lease, changes: decide.Changes, *, durable: bool) -> bool:
+        """Write ``changes`` to the leased intent only while ``lease.token`` owns it."""
+
+    @abstractmethod
+    def _record(
+        self, lease: Lease, attempt: AttemptRecord, changes: decide.Changes, *, durable: bool
+    ) -> bool:
+        """Like :meth:`_fenced`, also counting the attempt and appending it to its log."""
+
+    def record(
+        self,
+        lease: Lease,
+        attempt: AttemptRecord,
+        *,
+        state: State,
+        anchor: float | None,
+        due_at: float | None,
+        lease_until: float | None,
+        response: StoredResponse | None,
+        note: str | None,
+        durable: bool,
+    ) -> bool:
+        """One attempt and the state it leads to, accepted only while the lease owns the row."""
+        changes = decide.recorded(
+            lease,
+            attempt,
+            state=state,
+            anchor=anchor,
+            due_at=due_at,
+            lease_until=lease_until,
+            response=response,
+            note=note,
+        )
+        return self._record(lease, attempt, changes, durable=durable)
+
+    def _token(self) -> str:
+        """A fresh claim token: proof of one lease, checked by every fenced write."""
+        return os.urandom(12).hex()
+
+    def claim_due(
+        self,
+        *,
+        owner: str,
+        now: float,
+        limit: int,
+        lease_for: float,
+        due_by: float | None = None,
+    ) -> list[Opened]:
+        """Atomically lease up to ``limit`` intents that are due and not leased, oldest first."""
+        expires = now + lease_for
+        due_by = now if due_by is None else min(due_by, now)
+
+        def take(record: IntentRecord) -> tuple[Opened, decide.Changes]:
+            lease = Lease(record.id, self._token(), owner, expires)
+            return decide.taken(record, lease, now, decide.claim_anchor(record, now))
+
+        return self._claim(due_by=due_by, now=now, limit=limit, take=take)
+
+    def renew(self, lease: Lease, *, now: float, until: float) -> Lease | None:
+        if not self._fenced(lease, decide.renewed(now, until), durable=False):
+            return None
+        return Lease(lease.intent_id, lease.token, lease.owner, until)
+
+    def release(
+        self, lease: Lease, *, now: float, due_at: float | None, anchor: float | None
+    ) -> bool:
+        """Hand an unsent claim back: pending, due at ``due_at`` (default now)."""
+        return self._fenced(lease, decide.released(now, due_at, anchor), durable=False)
+
+    def settle(self, lease: Lease, *, now: float, state: State, note: str) -> bool:
+        return self._fenced(lease, decide.settled(now, state, note), durable=True)
+
+    def export_rows(self) -> Iterator[dict[str, Any]]:
+        """Every intent with its attempts, as plain data."""
+        return export_rows(self)  # type: ignore[arg-type]  # every subclass is a whole Store
