@@ -200,6 +200,17 @@ class AsyncDriven:
     def outbox(self) -> postonce.Store:
         return self.client.outbox
 
+    @property
+    def sender(self) -> str:
+        return self.client.sender
+
+    @property
+    def origins(self) -> frozenset[str] | None:
+        return self.client.origins
+
+    def adopt(self, previous: str) -> int:
+        return self.client.adopt(previous)
+
     def close(self) -> None:
         if self._thread.is_alive():
             self._run(self.client.aclose())

@@ -426,6 +426,7 @@ def test_deadline_with_ambiguous_delivery_expires(make_client: ClientFactory) ->
     """Past the deadline with delivery ambiguous, the intent expires for reconciliation."""
     rec = Recorder(read_timeout)
     client = make_client(transport=rec.transport, retry=FAST.model_copy(update={"attempts": 1000}))
+    client.outbox  # noqa: B018  # opened first: opening a PostgreSQL pool must not eat the 0.1 s deadline
     with pytest.raises(postonce.IntentExpired):
         client.post_once("/c", json={}, intent="o-26", deadline=timedelta(seconds=0.1))
 

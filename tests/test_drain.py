@@ -69,6 +69,8 @@ def test_drain_takes_over_a_dead_senders_lease(
         body=b'{"amount":2}',
         fingerprint="0" * 64,
         deadline_at=None,
+        sender=client.sender,  # written by another process of the same client
+        origin=next(iter(client.origins or ())),
     )
     opened = store.open_intent(new, owner="dead-host/1", now=time.time(), lease_for=0.3)
     store.close()

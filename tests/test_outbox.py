@@ -21,7 +21,9 @@ from postonce._outbox.sqlite import SCHEMA_VERSION
 from tests.conftest import ClientFactory
 
 
-def new_intent(reference: str = "r-1", key: str = "k-0000-1", body: bytes = b"{}") -> NewIntent:
+def new_intent(
+    reference: str = "r-1", key: str = "k-0000-1", body: bytes = b"{}", sender: str | None = None
+) -> NewIntent:
     return NewIntent(
         reference=reference,
         key=key,
@@ -33,6 +35,8 @@ def new_intent(reference: str = "r-1", key: str = "k-0000-1", body: bytes = b"{}
         body=body,
         fingerprint="f" * 64,
         deadline_at=None,
+        sender=sender,
+        origin="http://api.test:80",
     )
 
 
@@ -94,14 +98,15 @@ def test_a_newer_schema_is_refused(outbox_path: Path) -> None:
     [
         pytest.param("SELECT * FROM intents WHERE reference = 'x'", "intents_reference", id="ref"),
         pytest.param(
-            "SELECT id FROM intents WHERE state = 'pending' AND due_at <= 5 ORDER BY due_at",
+            "SELECT id FROM intents WHERE state = 'pending' AND sender = 's' AND due_at <= 5"
+            " ORDER BY due_at",
             "intents_due",
             id="due",
         ),
     ],
 )
 def test_lookups_use_an_index(outbox_path: Path, sql: str, index: str) -> None:
-    """Lookup by reference and the due-time scan are index searches, not table scans."""
+    """Lookup by reference and one sender's due-time scan are index searches, not table scans."""
     SQLiteStore(outbox_path).close()
     conn = sqlite3.connect(outbox_path)
     plan = " ".join(str(row[-1]) for row in conn.execute("EXPLAIN QUERY PLAN " + sql))
@@ -355,23 +360,28 @@ def _vm_steps_of_a_claim(path: Path, backlog: int, crashed: bool = False) -> int
     """
     store = SQLiteStore(path, durability="normal")
     try:
+        # Two senders share the outbox: the claim must not walk the other's rows either.
         calls = [
-            ("open_intent", {"new": new_intent(f"b-{i}", f"k-b-{i}"), "owner": "o", "now": 1.0,
-                             "lease_for": 60.0})
+            ("open_intent", {"new": new_intent(f"{who}-{i}", f"k-{who}-{i}", sender=who),
+                             "owner": "o", "now": 1.0, "lease_for": 60.0})
             for i in range(backlog)
+            for who in ("b", "other")
         ]  # fmt: skip
         opened = [result for _, result in store.run_batch(calls)]
         if crashed:
             store.run_batch(
                 [
-                    ("renew", {"lease": o.lease, "now": 2.0, "until": 3.0 + i})
+                    ("renew", {"lease": o.lease, "now": 2.0, "until": 3.0 + i // 2})
                     for i, o in enumerate(opened)
                 ]
             )
         else:
             store.run_batch(
                 [
-                    ("release", {"lease": o.lease, "now": 2.0, "due_at": 3.0 + i, "anchor": None})
+                    (
+                        "release",
+                        {"lease": o.lease, "now": 2.0, "due_at": 3.0 + i // 2, "anchor": None},
+                    )
                     for i, o in enumerate(opened)
                 ]
             )
@@ -383,7 +393,7 @@ def _vm_steps_of_a_claim(path: Path, backlog: int, crashed: bool = False) -> int
             return 0
 
         store._conn.set_progress_handler(count, 1)
-        claimed = store.claim_due(owner="w", now=100_000.0, limit=10, lease_for=60.0)
+        claimed = store.claim_due(owner="w", now=100_000.0, limit=10, lease_for=60.0, sender="b")
         store._conn.set_progress_handler(None, 1)
         assert [c.record.reference for c in claimed] == [f"b-{i}" for i in range(10)]
         return steps

@@ -377,13 +377,14 @@ def test_a_one_shot_drain_reports_a_lost_database(pg_outbox: str) -> None:
     app_name = f"postonce-once-{uuid.uuid4().hex[:8]}"
     base, schema = split_schema(f"{pg_outbox}&application_name={app_name}")
     store = PostgresStore(base, schema=schema, min_size=1, max_size=1, check_connections=False)
+    client = postonce.Client("http://api.test", outbox=store)
+    client.outbox  # noqa: B018  # opened (and unowned intents adopted) before the loss
     store.get("warm")  # the pool's one connection is open and idle
     with psycopg.connect(PG_URL, autocommit=True) as conn:
         conn.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
             (app_name,),
         )
-    client = postonce.Client("http://api.test", outbox=store)
     with pytest.raises(postonce.OutboxError):
         client.drain()
     assert client.drain().claimed == 0  # reconnected

@@ -196,7 +196,12 @@ class IntentMachine(RuleBasedStateMachine):
         self.reader = sqlite3.connect(path, isolation_level=None)
         self.http = httpx.Client(transport=httpx.MockTransport(self._serve))
         self.client = postonce.Client(
-            provider=PROVIDER, outbox=self.store, retry=POLICY, lease_seconds=LEASE, http=self.http
+            provider=PROVIDER,
+            outbox=self.store,
+            retry=POLICY,
+            lease_seconds=LEASE,
+            http=self.http,
+            origins=[URL],
         )
         # The one private hook: the clock the client (and its drain) reads.
         self.client._clock = self.clock

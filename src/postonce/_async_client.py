@@ -18,7 +18,14 @@ from typing_extensions import Unpack
 
 from ._base import BaseClient, OnceOptions, named
 from ._budget import RetryBudget
-from ._drain import JUST_BEFORE, DrainReport, Tally, claim_failed, count_outcome
+from ._drain import (
+    JUST_BEFORE,
+    DrainReport,
+    Tally,
+    claim_failed,
+    count_outcome,
+    note_foreign,
+)
 from ._exceptions import ConfigurationError, OutboxError, PostonceError
 from ._flow import Abandoned, Effect, Send, Sleep, StoreCall, run
 from ._intent import IntentRecord
@@ -59,6 +66,9 @@ class AsyncClient(BaseClient):
         clock: Callable[[], float] | None = None,
         hooks: Hooks | Sequence[Hooks] | None = None,
         retry_budget: RetryBudget | bool = True,
+        name: str | None = None,
+        origins: Collection[str] | None = None,
+        secret_params: Collection[str] = (),
         http: httpx.AsyncClient | None = None,
         **httpx_options: Any,
     ) -> None:
@@ -72,6 +82,9 @@ class AsyncClient(BaseClient):
             clock=clock,
             hooks=hooks,
             retry_budget=retry_budget,
+            name=name,
+            origins=origins,
+            secret_params=secret_params,
         )
         self._http: httpx.AsyncClient
         self._http, self._owns_http = self._own_http(
@@ -98,9 +111,20 @@ class AsyncClient(BaseClient):
                 if self._thread is None:
                     store = self._store
                     if store is None:
-                        store = await anyio.to_thread.run_sync(lambda: self.outbox)
-                    self._thread = StoreThread(store)
+                        store = await anyio.to_thread.run_sync(self._opened_store)
+                    thread = StoreThread(store)
+                    await self._adopt(thread)
+                    self._thread = thread
         return self._thread
+
+    async def _adopt(self, thread: StoreThread) -> None:
+        """Take on intents of no sender, on the store's thread (until it has worked once)."""
+        call = self._adoption_due()
+        if call is not None:
+            try:
+                self._adopted_result(await thread.call(call.method, call.kwargs))
+            except OutboxError as exc:
+                self._adopted_result(exc)
 
     async def lookup(self, intent: str) -> IntentRecord | None:
         """The stored intent with this reference, or None."""
@@ -235,6 +259,7 @@ class AsyncClient(BaseClient):
         """
         if concurrency < 1 or interval <= 0:
             raise ConfigurationError("drain needs concurrency >= 1 and interval > 0")
+        self._check_drain()
         thread = await self._store_thread()
         tally = Tally()
         stop = stop if stop is not None else anyio.Event()
@@ -262,6 +287,7 @@ class AsyncClient(BaseClient):
                 count_outcome(tally, outcome)
 
         while not stop.is_set():
+            await self._adopt(thread)
             call = self._claim_call(self._clock() if forever else started - JUST_BEFORE, batch)
             try:
                 claimed: list[Opened] = await thread.call(call.method, call.kwargs)
@@ -282,7 +308,14 @@ class AsyncClient(BaseClient):
                     group.start_soon(one, opened)
             if progress is not None:
                 progress(tally.report(time.monotonic() - began))
-        return tally.report(time.monotonic() - began)
+        report = tally.report(time.monotonic() - began)
+        # Counted after the drain, best effort: a drain that could not count still drained.
+        foreign = self._foreign_call()
+        try:
+            counted: int | OutboxError = await thread.call(foreign.method, foreign.kwargs)
+        except OutboxError as exc:
+            counted = exc
+        return note_foreign(report, counted, self.sender)
 
     # -- life cycle ----------------------------------------------------------
 

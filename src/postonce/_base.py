@@ -20,7 +20,7 @@ from typing import Any, TypedDict, TypeVar
 import httpx
 
 from ._budget import RetryBudget
-from ._exceptions import ConfigurationError, PostonceError
+from ._exceptions import ConfigurationError, OutboxError, PostonceError
 from ._flow import Effect, Sender, StoreCall, send_claimed
 from ._http import adapt_timeout, library_of
 from ._intent import IntentRecord
@@ -29,7 +29,14 @@ from ._outbox.base import NewIntent, Opened, Store
 from ._outbox.locate import OutboxSpec, open_store
 from ._outbox.sqlite import Durability
 from ._policy import RetryPolicy
-from ._wire import DEFAULT_SECRET_HEADERS, UNSET, HeaderInput, Prepared, prepare
+from ._sender import (
+    DEFAULT_SECRET_PARAMS,
+    auth_material,
+    check_name,
+    client_origins,
+    sender_identity,
+)
+from ._wire import DEFAULT_SECRET_HEADERS, UNSET, HeaderInput, Prepared, parsed_url, prepare
 from .providers import Provider, get_provider
 
 __all__ = ["BaseClient", "DeadlineInput", "OnceOptions", "named"]
@@ -69,6 +76,14 @@ def _deadline(deadline: DeadlineInput, now: float, reference: str | None) -> flo
     )
 
 
+def outcome_of(call: Callable[[], int]) -> int | OutboxError:
+    """A store call's answer, or the OutboxError it raised."""
+    try:
+        return call()
+    except OutboxError as exc:
+        return exc
+
+
 def named(exc: PostonceError, reference: str, key: str) -> PostonceError:
     """The same error, naming the intent it happened to."""
     if exc.reference is not None:
@@ -95,8 +110,23 @@ class BaseClient:
         clock: Callable[[], float] | None = None,
         hooks: Hooks | Sequence[Hooks] | None = None,
         retry_budget: RetryBudget | bool = True,
+        name: str | None = None,
+        origins: Collection[str] | None = None,
+        secret_params: Collection[str] = (),
     ) -> None:
         self.provider = get_provider(provider)
+        try:
+            self._name = None if name is None else check_name(name)
+        except ValueError as exc:
+            raise ConfigurationError(str(exc)) from None
+        self._origins_given = origins
+        self._secret_params = frozenset(
+            {*DEFAULT_SECRET_PARAMS, *(param.lower() for param in secret_params)}
+        )
+        #: The origins this client's credentials go to (None: it named none).
+        self.origins: frozenset[str] | None = None
+        #: Who this client sends as; an intent is sent only by a client of its sender.
+        self.sender = ""
         self.retry = retry if retry is not None else RetryPolicy()
         if lease_seconds <= 0:
             raise ConfigurationError("lease_seconds must be positive")
@@ -110,6 +140,7 @@ class BaseClient:
             None if outbox is None or isinstance(outbox, str | os.PathLike) else outbox
         )
         self._owns_store = self._store is None
+        self._adopted = False  # intents of no sender taken on (once per store)
         self._open_lock = threading.Lock()
         self.owner = f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(4)}"
         self._clock: Callable[[], float] = clock if clock is not None else time.time
@@ -146,30 +177,96 @@ class BaseClient:
             if "timeout" in options:
                 options = {**options, "timeout": adapt_timeout(options["timeout"], self._lib)}
             made: HttpT = getattr(self._lib, kind)(base_url=base_url, headers=headers, **options)
+            self._identify(made)
             return made, True
         if options or headers is not None or base_url:
             raise ConfigurationError(
                 "pass base_url, headers and httpx options to your httpx client, not beside http="
             )
         self._lib = library_of(http)
+        self._identify(http)
         return http, False
+
+    def _identify(self, http: httpx.Client | httpx.AsyncClient) -> None:
+        """Settle this client's origins and sender identity from its httpx client's settings."""
+        try:
+            self.origins = client_origins(str(http.base_url), self._origins_given)
+        except ValueError as exc:
+            raise ConfigurationError(str(exc)) from None
+        credentials = [
+            *((n, v) for n, v in http.headers.multi_items() if n.lower() in self._secret_names),
+            *((n, v) for n, v in http.params.multi_items() if n.lower() in self._secret_params),
+            *auth_material(http.auth),
+        ]
+        if credentials and self.origins is None:
+            raise ConfigurationError(
+                "this client has credentials (auth, or secret headers or params) but no origin "
+                "to keep them to: give it base_url= or origins="
+            )
+        self.sender = sender_identity(self._name, self.provider.name, credentials)
 
     # -- the outbox ----------------------------------------------------------
 
     @property
     def outbox(self) -> Store:
         """The outbox store, opened on first use."""
-        if self._store is None:
+        if self._store is None or not self._adopted:
             with self._open_lock:
-                if self._store is None:
-                    self._store = open_store(self._outbox_spec, durability=self._durability)
+                store = self._opened_store()
+                call = self._adoption_due()
+                if call is not None:
+                    self._adopted_result(outcome_of(lambda: store.adopt(**call.kwargs)))
+        return self._store if self._store is not None else store
+
+    def _opened_store(self) -> Store:
+        """The store, opened if it is not yet (nothing adopted)."""
+        if self._store is None:
+            self._store = open_store(self._outbox_spec, durability=self._durability)
         return self._store
+
+    def _adoption_due(self) -> StoreCall | None:
+        """The store call that takes on intents written before senders were kept, until done."""
+        if self._adopted:
+            return None
+        return StoreCall("adopt", {"sender": self.sender, "origins": self.origins})
+
+    def _adopted_result(self, adopted: int | OutboxError) -> None:
+        """Note an adoption's result; a failure is logged and tried again before the next claim.
+
+        Adoption is housekeeping: an outbox that cannot answer it now (a dropped
+        connection) must not stop the call or the drain that opened it.
+        """
+        if isinstance(adopted, OutboxError):
+            logger.warning("outbox: adopting intents of no sender failed (%s); will retry", adopted)
+            return
+        self._adopted = True
+        if adopted:
+            logger.warning(
+                "outbox: %d intents written before sender identities were kept now belong to "
+                "sender %r (they are addressed to %s)",
+                adopted,
+                self.sender,
+                ", ".join(sorted(self.origins or ())),
+            )
+
+    def adopt(self, previous: str) -> int:
+        """Take over the intents of sender ``previous`` addressed to this client's origins.
+
+        For a key rotation: a client's default identity changes with its
+        credentials, so intents written under the old key belong to the old
+        identity (shown by ``postonce outbox list``) until adopted. Returns how
+        many intents were adopted.
+        """
+        if self.origins is None:
+            raise ConfigurationError("adopting intents needs a client with base_url= or origins=")
+        return self.outbox.adopt(sender=self.sender, origins=self.origins, previous=previous)
 
     def use_outbox(self, outbox: OutboxSpec) -> None:
         """Point this client at another outbox; only before the outbox is first used."""
         if self._store is not None:
             raise ConfigurationError("the outbox is already open; choose it before first use")
         self._outbox_spec = outbox
+        self._adopted = False
         if outbox is not None and not isinstance(outbox, str | os.PathLike):
             self._store, self._owns_store = outbox, False
 
@@ -212,8 +309,12 @@ class BaseClient:
             headers=headers,
             secret_names=self._secret_names,
             fingerprint_fields=fingerprint_fields,
+            origins=self.origins,
+            secret_params=self._secret_params,
         )
-        sender = self._sender(profile, retry, timeout, prepared.secret_headers)
+        sender = self._sender(
+            profile, retry, timeout, prepared.secret_headers, prepared.secret_params
+        )
         new = NewIntent(
             reference=prepared.reference,
             key=prepared.key,
@@ -225,6 +326,8 @@ class BaseClient:
             body=prepared.body,
             fingerprint=prepared.fingerprint,
             deadline_at=_deadline(deadline, self._clock(), prepared.reference),
+            sender=self.sender,
+            origin=prepared.origin,
         )
         return prepared, sender, new
 
@@ -234,6 +337,7 @@ class BaseClient:
         retry: RetryPolicy | None = None,
         timeout: Any = httpx.USE_CLIENT_DEFAULT,
         secret_headers: tuple[tuple[str, str], ...] = (),
+        secret_params: tuple[tuple[str, str], ...] = (),
     ) -> Sender:
         lib = self._lib
         if timeout is httpx.USE_CLIENT_DEFAULT:
@@ -246,13 +350,31 @@ class BaseClient:
             owner=self.owner,
             lease_seconds=self.lease_seconds,
             clock=self._clock,
-            build_request=self._http.build_request,
+            build_request=self._builder(secret_params),
             timeout=timeout,
             secret_headers=secret_headers,
             hooks=self.hooks,
             retry_budget=self.retry_budget,
             lib=lib,
         )
+
+    def _builder(self, secret: tuple[tuple[str, str], ...]) -> Callable[..., httpx.Request]:
+        """``build_request`` for sends of stored URLs, with the query nothing stored.
+
+        httpx replaces a URL's query with the client's ``params=`` where it has
+        any; so the stored query goes in as params too, merged with the client's
+        and with this call's secret parameters (kept out of the stored URL).
+        """
+        http = self._http
+        if not secret and not http.params:
+            return http.build_request
+        url_type: Any = type(http.base_url)
+
+        def build(method: str, url: str, **options: Any) -> httpx.Request:
+            query = (*parsed_url(url_type, url).params.multi_items(), *secret)
+            return http.build_request(method, url, params=query, **options)
+
+        return build
 
     def _drain_flow(self, opened: Opened) -> Generator[Effect, Any, httpx.Response]:
         """The flow that sends one intent a drain claimed: once, with its stored key."""
@@ -302,7 +424,25 @@ class BaseClient:
                 "limit": limit,
                 "lease_for": self.lease_seconds,
                 "due_by": due_by,
+                # Only this sender's intents, to this client's origins: the drain sends
+                # with this client's credentials.
+                "sender": self.sender,
+                "origins": self.origins,
             },
+        )
+
+    def _check_drain(self) -> None:
+        """A drain sends stored URLs with this client's credentials: only to its own origins."""
+        if self.origins is None:
+            raise ConfigurationError(
+                "a drain needs a client with base_url= (or origins=): it sends only the intents "
+                "addressed to its own origins"
+            )
+
+    def _foreign_call(self) -> StoreCall:
+        """Count the due intents this drain leaves alone (another sender's or origin's)."""
+        return StoreCall(
+            "foreign_due", {"sender": self.sender, "origins": self.origins, "now": self._clock()}
         )
 
     def _provider_for(self, record: IntentRecord) -> Provider:

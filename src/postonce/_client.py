@@ -10,9 +10,9 @@ from typing import Any
 import httpx
 from typing_extensions import Unpack
 
-from ._base import BaseClient, OnceOptions, named
+from ._base import BaseClient, OnceOptions, named, outcome_of
 from ._budget import RetryBudget
-from ._drain import DrainReport, Tally, count_outcome, run_drain, stop_on_signals
+from ._drain import DrainReport, Tally, count_outcome, note_foreign, run_drain, stop_on_signals
 from ._exceptions import ConfigurationError, OutboxError, PostonceError
 from ._flow import Abandoned, Effect, Send, Sleep, StoreCall, run
 from ._intent import IntentRecord
@@ -69,6 +69,9 @@ class Client(BaseClient):
         clock: Callable[[], float] | None = None,
         hooks: Hooks | Sequence[Hooks] | None = None,
         retry_budget: RetryBudget | bool = True,
+        name: str | None = None,
+        origins: Collection[str] | None = None,
+        secret_params: Collection[str] = (),
         http: httpx.Client | None = None,
         **httpx_options: Any,
     ) -> None:
@@ -82,6 +85,9 @@ class Client(BaseClient):
             clock=clock,
             hooks=hooks,
             retry_budget=retry_budget,
+            name=name,
+            origins=origins,
+            secret_params=secret_params,
         )
         self._http: httpx.Client
         self._http, self._owns_http = self._own_http(
@@ -237,15 +243,21 @@ class Client(BaseClient):
         released.
 
         The headers and auth of this client are what the drain sends with:
-        the outbox holds no credentials.
+        the outbox holds no credentials. So a drain sends only the intents of
+        this client's sender, addressed to its origins; others' due intents are
+        left alone and counted in the report's ``not_ours``.
         """
         if concurrency < 1 or interval <= 0:
             raise ConfigurationError("drain needs concurrency >= 1 and interval > 0")
+        self._check_drain()
         writer = self._writer_for()
         tally = Tally()
         stop = stop if stop is not None else threading.Event()
 
         def claim(due_by: float, limit: int) -> list[Opened]:
+            adopt = self._adoption_due()  # one that failed when the outbox opened
+            if adopt is not None:
+                self._adopted_result(outcome_of(lambda: writer.call(adopt.method, adopt.kwargs)))
             call = self._claim_call(due_by, limit)
             claimed: list[Opened] = writer.call(call.method, call.kwargs)
             return claimed
@@ -268,7 +280,7 @@ class Client(BaseClient):
             self._drive(self._release_flow(opened), writer, opened.record.reference, "")
 
         with stop_on_signals(stop):
-            return run_drain(
+            report = run_drain(
                 claim=claim,
                 process=process,
                 release=release,
@@ -280,6 +292,11 @@ class Client(BaseClient):
                 stop=stop,
                 progress=progress,
             )
+        # Counted after the drain, best effort: a drain that could not count still drained.
+        foreign = self._foreign_call()
+        return note_foreign(
+            report, outcome_of(lambda: writer.call(foreign.method, foreign.kwargs)), self.sender
+        )
 
     # -- life cycle ----------------------------------------------------------
 

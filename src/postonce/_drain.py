@@ -56,6 +56,7 @@ class DrainReport(BaseModel):
     pending: int = 0  # left pending with a later due time
     replayed: int = 0  # answers the server marked as replays
     errors: int = 0  # claims that ended in an unexpected error (logged)
+    not_ours: int = 0  # due intents of another sender or origin, left alone (counted at the end)
     duration: float = 0.0  # seconds
 
     @property
@@ -77,6 +78,21 @@ class Tally:
     def report(self, duration: float) -> DrainReport:
         with self.lock:
             return DrainReport(duration=duration, **self.counts)
+
+
+def note_foreign(report: DrainReport, count: int | Exception, sender: str) -> DrainReport:
+    """The report with the due intents it left to their own sender: counted, and said."""
+    if isinstance(count, Exception):
+        logger.warning("drain: could not count other senders' due intents (%s)", count)
+        return report
+    if count:
+        logger.warning(
+            "drain: %d due intents belong to another sender or origin than this client "
+            "(sender %r); they are left for a drain of their own client",
+            count,
+            sender,
+        )
+    return report.model_copy(update={"not_ours": count})
 
 
 def count_outcome(tally: Tally, outcome: object) -> None:

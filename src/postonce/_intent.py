@@ -142,6 +142,8 @@ class IntentRecord:
     response: StoredResponse | None
     note: str | None
     purged_at: float | None = None  # a tombstone: the request and answer were purged
+    sender: str | None = None  # who may send it (None: written before senders were kept)
+    origin: str | None = None  # scheme://host:port it is addressed to
 
     @property
     def delivered_maybe(self) -> bool:

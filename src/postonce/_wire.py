@@ -18,6 +18,7 @@ import httpx
 
 from ._exceptions import ConfigurationError, InvalidKey, InvalidRequest
 from ._keys import check_key, fingerprint, mint_key
+from ._sender import DEFAULT_SECRET_PARAMS, origin_of
 from .providers import Provider
 
 __all__ = ["DEFAULT_SECRET_HEADERS", "UNSET", "Prepared", "parsed_url", "prepare", "wire_headers"]
@@ -50,6 +51,8 @@ class Prepared:
     secret_headers: tuple[tuple[str, str], ...]  # this call's secrets: memory only
     body: bytes
     fingerprint: str
+    origin: str | None = None  # scheme://host:port of ``url``
+    secret_params: tuple[tuple[str, str], ...] = ()  # this call's secret query: memory only
 
 
 def _encode_body(
@@ -100,13 +103,11 @@ def parsed_url(url_type: Any, url: str) -> httpx.URL:
 def merge_url(
     http: httpx.Client | httpx.AsyncClient, url: httpx.URL | str, params: Any
 ) -> httpx.URL:
-    """The URL httpx would send to: ``base_url`` joined as httpx joins it, params merged.
+    """The URL a call addresses: ``base_url`` joined as httpx joins it, the call's params merged.
 
-    Without params this follows httpx's joining rule without building a request.
+    The client's own ``params=`` are left out: httpx adds them at every send,
+    so they are never stored (they may hold credentials).
     """
-    if params or http.params:
-        # httpx's own query merging has version-dependent details: ask httpx.
-        return http.build_request("POST", url, params=params).url
     # The client's own URL type: httpx's, or httpx2's for an httpx2 client.
     url_type: Any = type(http.base_url)
     merged: httpx.URL
@@ -114,10 +115,61 @@ def merge_url(
         merged = url
     else:
         merged = parsed_url(url_type, url if isinstance(url, str) else str(url))
-    if merged.is_relative_url:
+    if merged.is_relative_url and http.base_url:
         base = http.base_url
         merged = base.copy_with(raw_path=base.raw_path + merged.raw_path.lstrip(b"/"))
+    if params is not None:
+        # httpx's rule: call params replace the URL's own query.
+        merged = merged.copy_with(params=params)
     return merged
+
+
+def check_url(merged: httpx.URL, origins: frozenset[str] | None, reference: str | None) -> str:
+    """Refuse a URL that cannot be sent, or that would carry credentials off the client's origins.
+
+    Answers the URL's origin. Userinfo is refused rather than dropped: it is a
+    credential, and silently sending without it would fail in a way that
+    looks like the provider's.
+    """
+    if merged.is_relative_url:
+        raise InvalidRequest(
+            f"{str(merged)!r} is a relative URL and this client has no base_url; "
+            "pass an absolute URL or give the client base_url=",
+            reference=reference,
+        )
+    if merged.scheme not in ("http", "https"):
+        raise InvalidRequest(
+            f"cannot send to a {merged.scheme!r} URL: only http and https", reference=reference
+        )
+    if merged.userinfo:
+        raise InvalidRequest(
+            "the URL carries credentials (user:password@): put credentials in auth= or "
+            "headers=, which are never stored",
+            reference=reference,
+        )
+    origin = origin_of(str(merged))
+    if origin is None:
+        raise InvalidRequest(f"cannot send to {str(merged)!r}: no host", reference=reference)
+    if origins is not None and origin not in origins:
+        raise InvalidRequest(
+            f"{origin} is not one of this client's origins ({', '.join(sorted(origins))}): its "
+            "headers and auth are sent only there; use a client made for that origin, or list "
+            "it in origins=",
+            reference=reference,
+        )
+    return origin
+
+
+def split_secret_params(
+    merged: httpx.URL, secret_params: Collection[str]
+) -> tuple[httpx.URL, tuple[tuple[str, str], ...]]:
+    """The URL without its secret query parameters, and those parameters (for memory only)."""
+    pairs = merged.params.multi_items()
+    secret = tuple((n, v) for n, v in pairs if n.lower() in secret_params)
+    if not secret:
+        return merged, ()
+    kept = [(n, v) for n, v in pairs if n.lower() not in secret_params]
+    return merged.copy_with(params=kept), secret
 
 
 def _adopt(found: str | None, key: str | None, where: str, reference: str | None) -> str | None:
@@ -144,6 +196,8 @@ def prepare(
     headers: HeaderInput = None,
     secret_names: Collection[str] = DEFAULT_SECRET_HEADERS,
     fingerprint_fields: Sequence[str] | None = None,
+    origins: frozenset[str] | None = None,
+    secret_params: Collection[str] = DEFAULT_SECRET_PARAMS,
 ) -> Prepared:
     """Check, encode and fingerprint one call. Raises InvalidRequest, stores nothing."""
     method = method.upper()
@@ -175,7 +229,15 @@ def prepare(
             ) from None
     reference = intent if intent is not None else key
 
-    merged = merge_url(http, url, params)
+    try:
+        merged = merge_url(http, url, params)
+    except Exception as exc:
+        # httpx's or httpx2's InvalidURL (they share no base), or a bad params value.
+        if not isinstance(exc, TypeError | ValueError) and type(exc).__name__ != "InvalidURL":
+            raise
+        raise InvalidRequest(f"httpx cannot build this URL: {exc}", reference=reference) from exc
+    origin = check_url(merged, origins, reference)
+    merged, secret_query = split_secret_params(merged, secret_params)
     target = merged.raw_path.decode("ascii")
     if body_key:
         if json is UNSET or not isinstance(json, dict):
@@ -223,6 +285,8 @@ def prepare(
         secret_headers=tuple(secret),
         body=body,
         fingerprint=digest,
+        origin=origin,
+        secret_params=secret_query,
     )
 
 

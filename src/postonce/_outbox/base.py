@@ -14,7 +14,7 @@ engine does. Its one job is to make each of these moves atomic and durable:
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -37,6 +37,11 @@ class NewIntent:
     body: bytes
     fingerprint: str
     deadline_at: float | None
+    #: Who may send it: the sending client's identity (None: unowned, adopted by
+    #: the first client whose origins include ``origin``).
+    sender: str | None = None
+    #: ``scheme://host:port`` the request is addressed to.
+    origin: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +114,15 @@ class Store(Protocol):
         limit: int,
         lease_for: float,
         due_by: float | None = None,
+        sender: str | None = None,
+        origins: Collection[str] | None = None,
     ) -> list[Opened]: ...
+
+    def adopt(
+        self, *, sender: str, origins: Collection[str] | None, previous: str | None = None
+    ) -> int: ...
+
+    def foreign_due(self, *, sender: str, origins: Collection[str] | None, now: float) -> int: ...
 
     def get(self, reference: str) -> IntentRecord | None: ...
 

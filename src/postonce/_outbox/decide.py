@@ -16,12 +16,14 @@ import json
 from typing import Any
 
 from .._intent import TERMINAL, IntentRecord, State, StoredResponse, operator_move
+from .._sender import origin_of
 from .base import AttemptRecord, Lease, NewIntent, Opened
 
 __all__ = [
     "KEY_TAKEN",
     "PURGEABLE",
     "Changes",
+    "adoptions",
     "attempt_row",
     "claim_anchor",
     "conflict_with",
@@ -70,6 +72,8 @@ def insert_row(new: NewIntent, lease: Lease, now: float) -> Changes:
         "lease_owner": lease.owner,
         "lease_expires_at": lease.expires_at,
         "claim_token": lease.token,
+        "sender": new.sender,
+        "origin": new.origin,
     }
 
 
@@ -96,6 +100,8 @@ def created(new: NewIntent, intent_id: int, lease: Lease, now: float) -> Opened:
         lease_expires_at=lease.expires_at,
         response=None,
         note=None,
+        sender=new.sender,
+        origin=new.origin,
     )
     return Opened(
         record,
@@ -107,7 +113,20 @@ def created(new: NewIntent, intent_id: int, lease: Lease, now: float) -> Opened:
 
 
 def conflict_with(record: IntentRecord, new: NewIntent) -> str | None:
-    """Why the stored intent is not the request ``new`` describes, or None if it is."""
+    """Why the stored intent is not the request ``new`` describes, or None if it is.
+
+    Another sender's intent is never handed over, finished or not: its answer
+    belongs to that sender, and sending it would use this client's credentials.
+    """
+    if record.sender is not None and new.sender is not None and record.sender != new.sender:
+        return f"it belongs to sender {record.sender!r}, not to this client ({new.sender!r})"
+    if record.origin is not None and new.origin is not None and record.origin != new.origin:
+        return f"it is addressed to {record.origin}, not to {new.origin}"
+    if record.provider != new.provider:
+        return (
+            f"it is stored under provider {record.provider!r}, and this call uses "
+            f"{new.provider!r} (the key would travel or be kept differently)"
+        )
     if record.fingerprint != new.fingerprint:
         return "it is stored with a different request (method, path, query or body)"
     if new.key_given and record.key != new.key:
@@ -163,7 +182,32 @@ def reopened(
         return kept, None
     # The caller sends at once: a row never sent starts its horizon now.
     anchor = record.first_delivery_at if record.first_delivery_at is not None else now
-    return taken(record, lease, now, anchor)
+    opened, changes = taken(record, lease, now, anchor)
+    if record.sender is None and new.sender is not None:  # an unowned row: this sender adopts it
+        changes.update(sender=new.sender, origin=new.origin)
+        opened = dataclasses.replace(
+            opened,
+            record=dataclasses.replace(opened.record, sender=new.sender, origin=new.origin),
+        )
+    return opened, changes
+
+
+def adoptions(
+    rows: list[tuple[int, str, str | None]], sender: str, origins: frozenset[str]
+) -> list[tuple[int, Changes]]:
+    """What adopting rows ``(id, url, origin)`` writes: ``sender`` on those to ``origins``.
+
+    A row written before origins were kept gets its origin (read from its URL)
+    whether or not it is adopted, so a later client's claim can filter on it.
+    """
+    out: list[tuple[int, Changes]] = []
+    for intent_id, url, origin in rows:
+        where = origin or origin_of(url)
+        if where in origins:
+            out.append((intent_id, {"sender": sender, "origin": where}))
+        elif origin is None and where is not None:
+            out.append((intent_id, {"origin": where}))
+    return out
 
 
 def claim_anchor(record: IntentRecord, now: float) -> float:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -22,7 +22,7 @@ from .._intent import IntentRecord, State
 from . import decide
 from .base import AttemptRecord, Lease, NewIntent, Opened
 from .rows import COLUMN_NAMES, decode_attempt, decode_row
-from .store import StoreBase, Take
+from .store import Mine, StoreBase, Take
 
 __all__ = ["MemoryOutbox"]
 
@@ -120,10 +120,16 @@ class MemoryOutbox(StoreBase):
         # Minted here, through this module's ``os``, so a test can make it fail mid-claim.
         return os.urandom(12).hex()
 
-    def _claim(self, *, due_by: float, now: float, limit: int, take: Take) -> list[Opened]:
+    def _claim(
+        self, *, due_by: float, now: float, limit: int, take: Take, mine: Mine
+    ) -> list[Opened]:
         claimed: list[Opened] = []
         with self._write():
-            due = [row for row in self._rows.values() if self._due(row, due_by, now)]
+            due = [
+                row
+                for row in self._rows.values()
+                if self._due(row, due_by, now) and mine.admits(row["sender"], row["origin"])
+            ]
             due.sort(key=self._wake_order)
             for row in due[:limit] if limit >= 0 else due:
                 opened, changes = take(_decode(row))
@@ -150,6 +156,31 @@ class MemoryOutbox(StoreBase):
         if state == State.SENDING.value:
             return expires is not None and expires <= due_by
         return False
+
+    def _unowned(self, previous: str | None) -> list[tuple[int, str, str | None]]:
+        with self._lock:
+            rows = [r for r in self._rows.values() if r["sender"] == previous]
+        return [(r["id"], r["url"], r["origin"]) for r in rows]
+
+    def _assign(self, changes: list[tuple[int, decide.Changes]], previous: str | None) -> int:
+        adopted = 0
+        with self._write():
+            for intent_id, change in changes:
+                if self._rows[intent_id]["sender"] == previous:
+                    self._change(intent_id, change)
+                    adopted += "sender" in change
+        return adopted
+
+    def foreign_due(self, *, sender: str, origins: Collection[str] | None, now: float) -> int:
+        """Due intents this sender may not send: another sender's, or to another origin."""
+        mine = Mine(sender, None if origins is None else tuple(origins))
+        with self._lock:
+            return sum(
+                1
+                for row in self._rows.values()
+                if self._due(row, now, float("inf"))
+                and not mine.admits(row["sender"], row["origin"])
+            )
 
     def run_batch(self, calls: list[tuple[str, dict[str, Any]]]) -> list[tuple[bool, Any]]:
         """Run several store calls under the lock, in order; ``(ok, result or exception)`` each.

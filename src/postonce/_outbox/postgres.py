@@ -34,6 +34,7 @@ from .._exceptions import ConfigurationError, IntentConflict, OutboxError
 from .rows import COLUMN_NAMES, needs_durable, newer_schema
 from .sql import SQLStore
 from .sqlite import Durability
+from .store import Mine
 
 __all__ = ["MIGRATIONS", "PostgresStore", "migrations"]
 
@@ -243,30 +244,35 @@ class PostgresStore(SQLStore):
         return results
 
     def _due_rows(
-        self, conn: psycopg.Connection[Any], *, due_by: float, now: float, limit: int
+        self, conn: psycopg.Connection[Any], *, due_by: float, now: float, limit: int, mine: Mine
     ) -> list[tuple[Any, ...]]:
         # Candidates first, without locks: each arm reads only its first rows
         # from its partial index, so a claim costs O(limit), not O(backlog);
         # each looks a little further than ``limit``, since rows other hosts
         # hold are skipped below.
         ahead = limit * 2 + 8
+        only, params = self._mine(mine)
         candidates = [
             row[0]
             for row in conn.execute(
                 self._sql(
                     "(SELECT id FROM {intents} WHERE state = 'pending' AND due_at <= ?"
-                    " ORDER BY due_at, id LIMIT ?)"
+                    f"{only} ORDER BY due_at, id LIMIT ?)"
                     " UNION"
                     " (SELECT id FROM {intents} WHERE state = 'sending' AND lease_expires_at <= ?"
-                    " ORDER BY lease_expires_at, id LIMIT ?)"
+                    f"{only} ORDER BY lease_expires_at, id LIMIT ?)"
                     # A clock that went back leaves due times far ahead: pending rows
                     # touched "in the future" are due now (a live lease is never cut short).
                     " UNION"
                     " (SELECT id FROM {intents} WHERE state = 'pending' AND updated_at > ?"
                     # (due_at + 0: sorted, not walked in intents_due's order.)
-                    " ORDER BY due_at + 0, id LIMIT ?)"
+                    f"{only} ORDER BY due_at + 0, id LIMIT ?)"
                 ),
-                (due_by, ahead, due_by, ahead, now + CLOCK_TOLERANCE, ahead),
+                (
+                    *(due_by, *params, ahead),
+                    *(due_by, *params, ahead),
+                    *(now + CLOCK_TOLERANCE, *params, ahead),
+                ),
             ).fetchall()
         ]
         if not candidates:

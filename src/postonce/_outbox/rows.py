@@ -57,6 +57,8 @@ COLUMN_NAMES = (
     "response_sha256",
     "note",
     "purged_at",
+    "sender",
+    "origin",
 )
 COLUMNS = ", ".join(COLUMN_NAMES)
 # Headers that describe the stored bytes' transport, not the answer itself.
@@ -114,6 +116,8 @@ def decode_row(row: tuple[Any, ...]) -> IntentRecord:
         r_sha256,
         note,
         purged_at,
+        sender,
+        origin,
     ) = row
     response = None
     if r_status is not None:
@@ -146,6 +150,8 @@ def decode_row(row: tuple[Any, ...]) -> IntentRecord:
         response=response,
         note=note,
         purged_at=_time(purged_at),
+        sender=sender,
+        origin=origin,
     )
 
 
@@ -187,6 +193,8 @@ def export_rows(store: Store) -> Iterator[dict[str, Any]]:
             "reference": record.reference,
             "key": record.key,
             "provider": record.provider,
+            "sender": record.sender,
+            "origin": record.origin,
             "state": record.state.value,
             "method": record.method,
             "url": record.url,

@@ -15,7 +15,7 @@ backend once and caches the result.
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
@@ -24,7 +24,7 @@ from .._intent import IntentRecord, State
 from . import decide
 from .base import AttemptRecord, Lease, NewIntent, Opened
 from .rows import COLUMNS, decode_attempt, decode_row
-from .store import StoreBase, Take
+from .store import Mine, StoreBase, Take
 
 __all__ = ["SQLStore"]
 
@@ -65,14 +65,15 @@ class SQLStore(StoreBase):
 
     @abstractmethod
     def _due_rows(
-        self, conn: Any, *, due_by: float, now: float, limit: int
+        self, conn: Any, *, due_by: float, now: float, limit: int, mine: Mine
     ) -> list[tuple[Any, ...]]:
         """The rows (``COLUMNS``) a claim takes: due, oldest due first, at most ``limit``.
 
         Due means pending with ``due_at <= due_by``; sending under a lease that
         expired by ``due_by`` (its owner died); or pending but touched after
         ``now`` plus the clock tolerance (a clock that went back). Each row is
-        locked against other claimants until the transaction ends.
+        locked against other claimants until the transaction ends. Each arm
+        filters by :meth:`_mine` (its sender leads the claim indexes).
         """
 
     @abstractmethod
@@ -87,6 +88,23 @@ class SQLStore(StoreBase):
             spelled = text.format(**self._tables).replace("?", self.placeholder)
             self._spelled[text] = spelled
         return spelled
+
+    @staticmethod
+    def _mine(mine: Mine, unindexed: str = "") -> tuple[str, tuple[Any, ...]]:
+        """The ``AND ...`` filter (and its parameters) for the rows a claim may take.
+
+        ``unindexed``: a prefix that keeps the planner off the sender-led indexes
+        (SQLite's unary ``+``), for an arm another index serves better.
+        """
+        params: tuple[Any, ...]
+        text, params = "", ()
+        if mine.sender is not None:
+            text, params = f" AND {unindexed}sender = ?", (mine.sender,)
+        if mine.origins is not None:
+            marks = ", ".join("?" for _ in mine.origins)
+            text += f" AND origin IN ({marks})" if mine.origins else " AND 1 = 0"
+            params += mine.origins
+        return text, params
 
     def _select(self, text: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         return self._read(self._sql(text), params)
@@ -169,12 +187,14 @@ class SQLStore(StoreBase):
             )
             return True
 
-    def _claim(self, *, due_by: float, now: float, limit: int, take: Take) -> list[Opened]:
+    def _claim(
+        self, *, due_by: float, now: float, limit: int, take: Take, mine: Mine
+    ) -> list[Opened]:
         claimed: list[Opened] = []
         updates: list[tuple[Any, ...]] = []
         sets = ""
         with self._write(durable=True) as conn:
-            for row in self._due_rows(conn, due_by=due_by, now=now, limit=limit):
+            for row in self._due_rows(conn, due_by=due_by, now=now, limit=limit, mine=mine):
                 opened, changes = take(decode_row(row))
                 claimed.append(opened)
                 updates.append((*changes.values(), opened.record.id))
@@ -185,6 +205,46 @@ class SQLStore(StoreBase):
                     self._sql(f"UPDATE {{intents}} SET {sets} WHERE id = ?"), updates
                 )
         return claimed
+
+    def _unowned(self, previous: str | None) -> list[tuple[int, str, str | None]]:
+        whose = "sender IS NULL" if previous is None else "sender = ?"
+        rows = self._select(
+            f"SELECT id, url, origin FROM {{intents}} WHERE {whose}",
+            () if previous is None else (previous,),
+        )
+        return [(int(i), str(url), origin) for i, url, origin in rows]
+
+    def _assign(self, changes: list[tuple[int, decide.Changes]], previous: str | None) -> int:
+        whose = "sender IS NULL" if previous is None else "sender = ?"
+        adopted = 0
+        with self._write(durable=True) as conn:
+            for intent_id, change in changes:
+                sets = ", ".join(f"{column} = ?" for column in change)
+                cur = self._run(
+                    conn,
+                    f"UPDATE {{intents}} SET {sets} WHERE id = ? AND {whose}",
+                    (*change.values(), intent_id, *(() if previous is None else (previous,))),
+                )
+                adopted += int(cur.rowcount) if "sender" in change else 0
+        return adopted
+
+    def foreign_due(self, *, sender: str, origins: Collection[str] | None, now: float) -> int:
+        """Due intents this sender may not send: another sender's, or to another origin."""
+        theirs = "(sender IS NULL OR sender <> ?"
+        params: tuple[Any, ...] = (sender,)
+        if origins is not None:
+            mine = tuple(sorted(origins))
+            marks = ", ".join("?" for _ in mine)
+            theirs += f" OR origin IS NULL OR origin NOT IN ({marks})" if mine else " OR 1 = 1"
+            params += mine
+        theirs += ")"
+        (count,) = self._select(
+            f"SELECT (SELECT count(*) FROM {{intents}} WHERE state = 'pending'"
+            f" AND due_at <= ? AND {theirs}) + (SELECT count(*) FROM {{intents}}"
+            f" WHERE state = 'sending' AND lease_expires_at <= ? AND {theirs})",
+            (now, *params, now, *params),
+        )[0]
+        return int(count)
 
     def get(self, reference: str) -> IntentRecord | None:
         rows = self._select(f"SELECT {COLUMNS} FROM {{intents}} WHERE reference = ?", (reference,))

@@ -31,6 +31,7 @@ from .._engine import CLOCK_TOLERANCE
 from .._exceptions import OutboxError
 from .rows import COLUMNS, needs_durable, newer_schema
 from .sql import SQLStore
+from .store import Mine
 
 __all__ = ["SCHEMA_VERSION", "WAKE_ORDER", "SQLiteStore"]
 
@@ -118,8 +119,26 @@ def _v1(db: sqlite_utils.Database) -> None:
     )
 
 
+def _v2(db: sqlite_utils.Database) -> None:
+    """Sender identity: who may send an intent (``sender``) and where it goes (``origin``).
+
+    Rows written before this version have neither; the first client whose
+    origins include a row's origin adopts it (``Store.adopt``). Claims read
+    one sender's due rows, so the claim indexes lead with the sender.
+    """
+    db.execute("ALTER TABLE intents ADD COLUMN sender TEXT")
+    db.execute("ALTER TABLE intents ADD COLUMN origin TEXT")
+    db.execute("DROP INDEX intents_due")
+    db.execute("DROP INDEX intents_lease")
+    db.execute("CREATE INDEX intents_due ON intents (sender, due_at) WHERE state = 'pending'")
+    db.execute(
+        "CREATE INDEX intents_lease ON intents (sender, lease_expires_at) WHERE state = 'sending'"
+    )
+    db.execute("CREATE INDEX intents_unowned ON intents (id) WHERE sender IS NULL")
+
+
 #: MIGRATIONS[n] takes a database at schema version n to n + 1.
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1]
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -326,20 +345,23 @@ class SQLiteStore(SQLStore):
                 raise OutboxError(f"outbox read failed at {self.path}: {exc}") from exc
 
     def _due_rows(
-        self, conn: sqlite3.Connection, *, due_by: float, now: float, limit: int
+        self, conn: sqlite3.Connection, *, due_by: float, now: float, limit: int, mine: Mine
     ) -> list[tuple[Any, ...]]:
         # BEGIN IMMEDIATE already holds the only write lock: no row lock to take.
         # Each arm takes only its first ``limit`` rows (the pending arm straight
         # from its index, in order), so a claim costs O(limit), not O(backlog).
         # Oldest first by the time each became due: a pending row's due time, a
         # sending row's lease expiry (WAKE_ORDER), each arm in its index's order.
+        only, params = self._mine(mine)
+        # (The clock arm reads intents_touched; +sender keeps it off intents_due.)
+        late, _ = self._mine(mine, unindexed="+")
         return conn.execute(
             f"SELECT {COLUMNS} FROM intents WHERE id IN ("
             " SELECT id FROM (SELECT id FROM intents"
-            "  WHERE state = 'pending' AND due_at <= ? ORDER BY due_at, id LIMIT ?)"
+            f"  WHERE state = 'pending' AND due_at <= ?{only} ORDER BY due_at, id LIMIT ?)"
             " UNION"
             " SELECT id FROM (SELECT id FROM intents"
-            "  WHERE state = 'sending' AND lease_expires_at <= ?"
+            f"  WHERE state = 'sending' AND lease_expires_at <= ?{only}"
             "  ORDER BY lease_expires_at, id LIMIT ?)"
             # A clock that went back leaves due times far ahead: pending rows
             # touched "in the future" are due now (a live lease is never cut short).
@@ -347,9 +369,14 @@ class SQLiteStore(SQLStore):
             # (+due_at: sorted, so the planner takes the few rows from intents_touched
             # rather than walking every pending row in intents_due's order.)
             " SELECT id FROM (SELECT id FROM intents"
-            "  WHERE state = 'pending' AND updated_at > ? ORDER BY +due_at, id LIMIT ?)"
+            f"  WHERE state = 'pending' AND updated_at > ?{late} ORDER BY +due_at, id LIMIT ?)"
             f") ORDER BY {WAKE_ORDER} LIMIT ?",
-            (due_by, limit, due_by, limit, now + CLOCK_TOLERANCE, limit, limit),
+            (
+                *(due_by, *params, limit),
+                *(due_by, *params, limit),
+                *(now + CLOCK_TOLERANCE, *params, limit),
+                limit,
+            ),
         ).fetchall()
 
     def close(self) -> None:

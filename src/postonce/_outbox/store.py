@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from .._intent import IntentRecord, State, StoredResponse
@@ -17,7 +18,21 @@ from . import decide
 from .base import AttemptRecord, Lease, Opened
 from .rows import export_rows
 
-__all__ = ["StoreBase", "Take"]
+__all__ = ["Mine", "StoreBase", "Take"]
+
+
+@dataclass(frozen=True, slots=True)
+class Mine:
+    """Which intents a claim may take: one sender's (None: any), to some origins (None: any)."""
+
+    sender: str | None
+    origins: tuple[str, ...] | None
+
+    def admits(self, sender: str | None, origin: str | None) -> bool:
+        if self.sender is not None and sender != self.sender:
+            return False
+        return self.origins is None or origin in self.origins
+
 
 #: Takes one due intent: what to write to its row, and what the claimant is handed.
 Take = Callable[[IntentRecord], tuple[Opened, decide.Changes]]
@@ -27,14 +42,25 @@ class StoreBase(ABC):
     """Lease upkeep and attempt records, decided once; backends write them."""
 
     @abstractmethod
-    def _claim(self, *, due_by: float, now: float, limit: int, take: Take) -> list[Opened]:
+    def _claim(
+        self, *, due_by: float, now: float, limit: int, take: Take, mine: Mine
+    ) -> list[Opened]:
         """In one transaction, ``take`` each due intent (oldest due first, at most ``limit``).
 
         Due means pending with ``due_at <= due_by``; sending under a lease that
         expired by ``due_by`` (its owner died); or pending but touched after
-        ``now`` plus the clock tolerance (a clock that went back). Write the
-        changes ``take`` returns for each; answer what it handed out.
+        ``now`` plus the clock tolerance (a clock that went back). Only rows
+        ``mine`` admits are due. Write the changes ``take`` returns for each;
+        answer what it handed out.
         """
+
+    @abstractmethod
+    def _unowned(self, previous: str | None) -> list[tuple[int, str, str | None]]:
+        """``(id, url, origin)`` of each row of sender ``previous`` (None: of no sender)."""
+
+    @abstractmethod
+    def _assign(self, changes: list[tuple[int, decide.Changes]], previous: str | None) -> int:
+        """Write each row's changes while its sender is still ``previous``; count the rows."""
 
     @abstractmethod
     def _fenced(self, lease: Lease, changes: decide.Changes, *, durable: bool) -> bool:
@@ -84,8 +110,14 @@ class StoreBase(ABC):
         limit: int,
         lease_for: float,
         due_by: float | None = None,
+        sender: str | None = None,
+        origins: Collection[str] | None = None,
     ) -> list[Opened]:
-        """Atomically lease up to ``limit`` intents that are due and not leased, oldest first."""
+        """Atomically lease up to ``limit`` intents that are due and not leased, oldest first.
+
+        With ``sender``, only that sender's intents (and with ``origins``, only
+        those addressed to one of them): a drain never sends another client's.
+        """
         expires = now + lease_for
         due_by = now if due_by is None else min(due_by, now)
 
@@ -93,7 +125,22 @@ class StoreBase(ABC):
             lease = Lease(record.id, self._token(), owner, expires)
             return decide.taken(record, lease, now, decide.claim_anchor(record, now))
 
-        return self._claim(due_by=due_by, now=now, limit=limit, take=take)
+        mine = Mine(sender, None if origins is None else tuple(sorted(origins)))
+        return self._claim(due_by=due_by, now=now, limit=limit, take=take, mine=mine)
+
+    def adopt(
+        self, *, sender: str, origins: Collection[str] | None, previous: str | None = None
+    ) -> int:
+        """Make ``sender`` the sender of the intents of ``previous`` addressed to ``origins``.
+
+        ``previous=None`` adopts intents written before senders were kept (each
+        one's origin read from its URL). Answers how many were adopted.
+        """
+        if origins is None:
+            return 0  # a client with no origins of its own has nothing to adopt
+        found = self._unowned(previous)
+        changes = decide.adoptions(found, sender, frozenset(origins))
+        return self._assign(changes, previous) if changes else 0
 
     def renew(self, lease: Lease, *, now: float, until: float) -> Lease | None:
         if not self._fenced(lease, decide.renewed(now, until), durable=False):
