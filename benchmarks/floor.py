@@ -1,0 +1,113 @@
+"""The durable floor: the least Python that does ``post_once``'s durable work.
+
+``post_once`` is measured against this, not only against raw httpx: raw httpx
+writes nothing down, so "x times raw" mixes what durability must cost with what
+postonce adds on top. ``Floor.post_once`` does exactly the durable work the
+design asks for and nothing else:
+
+1. mint a canonical UUIDv4 key;
+2. one write-ahead transaction: ``INSERT`` the intent (key, reference, method,
+   URL, request body) and commit it, with ``synchronous`` = the arm's setting
+   (``NORMAL`` or ``FULL``), before the first byte is sent (DESIGN rule 1);
+3. send it with raw httpx, the key in the ``Idempotency-Key`` header;
+4. commit the answer (status, body) with ``synchronous=NORMAL`` before
+   returning (DESIGN rule 11: an answer returned is an answer kept).
+
+The schema is the least that keeps the two lookups a client needs indexed:
+one ``WITHOUT ROWID`` table keyed by the idempotency key, and a unique index
+on the caller's reference (a call without one is its own intent: its key is
+its reference). The write-ahead therefore touches two B-tree leaves and the
+answer one, so a first-try 2xx writes about three WAL pages.
+
+What it leaves out, on purpose: retries, classification, leases, horizons,
+fingerprints, secret scrubbing and a drain index. Those are postonce's
+features; the floor is what the durable write itself costs, so that
+``post_once / floor`` is the price of those features on the hot path.
+
+The file is WAL mode, ``isolation_level=None`` (each ``INSERT``/``UPDATE`` is
+its own transaction: one statement, one commit). With ``synchronous="FULL"``
+the write-ahead goes through a FULL connection and the answer through a
+second, NORMAL one on the same file, so no ``PRAGMA`` is switched per call.
+SQLite's automatic checkpoint (1000 pages) stays on and runs inside the call
+that crosses it, as it does for postonce: the checkpoint tail is counted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import uuid
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+
+__all__ = ["SCHEMA", "Floor", "Synchronous"]
+
+Synchronous = Literal["NORMAL", "FULL"]
+
+SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS intents ("
+    " key TEXT PRIMARY KEY,"
+    " reference TEXT NOT NULL UNIQUE,"
+    " method TEXT NOT NULL,"
+    " url TEXT NOT NULL,"
+    " body BLOB NOT NULL,"
+    " status INTEGER,"
+    " response BLOB"
+    ") WITHOUT ROWID"
+)
+
+_INSERT = "INSERT INTO intents (key, reference, method, url, body) VALUES (?, ?, 'POST', ?, ?)"
+_ANSWER = "UPDATE intents SET status = ?, response = ? WHERE key = ?"
+_LOOKUP = "SELECT key, status, response FROM intents WHERE reference = ?"
+
+
+def _connect(path: Path, synchronous: Synchronous) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode = WAL").fetchone()
+    conn.execute(f"PRAGMA synchronous = {synchronous}")
+    conn.execute("PRAGMA busy_timeout = 5000")
+    return conn
+
+
+class Floor:
+    """A minimal durable client: write-ahead commit, raw httpx send, answer commit."""
+
+    def __init__(self, path: Path, synchronous: Synchronous, http: httpx.Client) -> None:
+        if not path.exists():
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))
+        self.path = path
+        self.synchronous = synchronous
+        self.http = http
+        self._ahead = _connect(path, synchronous)
+        self._ahead.execute(SCHEMA)
+        # The answer may be a NORMAL commit: a lost one is repaired by re-sending
+        # the same key (the provider replays), as for postonce.
+        self._answer = self._ahead if synchronous == "NORMAL" else _connect(path, "NORMAL")
+
+    def post_once(self, url: str, body: Any, reference: str | None = None) -> httpx.Response:
+        """POST ``body`` as JSON to ``url`` once per ``reference`` (default: the call itself)."""
+        key = str(uuid.uuid4())
+        content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+        try:
+            self._ahead.execute(_INSERT, (key, reference or key, url, content))
+        except sqlite3.IntegrityError:
+            # The reference is known: return its answer, or resume with its key.
+            # (Off the measured path: every benchmark intent is new.)
+            key, status, stored = self._ahead.execute(_LOOKUP, (reference,)).fetchone()
+            if status is not None:
+                return httpx.Response(status, content=stored)
+        response = self.http.post(
+            url,
+            content=content,
+            headers={"Content-Type": "application/json", "Idempotency-Key": key},
+        )
+        self._answer.execute(_ANSWER, (response.status_code, response.content, key))
+        return response
+
+    def close(self) -> None:
+        if self._answer is not self._ahead:
+            self._answer.close()
+        self._ahead.close()
