@@ -1,22 +1,36 @@
-"""What one ``Client.post_once`` costs on top of the raw httpx POST it wraps.
+"""What one ``Client.post_once`` costs: against raw httpx, the durable floor and stripe-python.
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/bench_sync.py --rounds 2000
+    .venv/bin/python benchmarks/bench_sync.py            # 3 repeats x 300 rounds, ~1-2 min
 
-Four candidates are timed against the same loopback server, interleaved: each
-round makes one call of every candidate, in an order shuffled by a seeded RNG,
-so drift (CPU frequency, page cache, the server's state) hits all of them alike.
+All arms are timed against the same loopback server in ONE run, interleaved:
+each round makes ``--block`` calls in a row of every arm, in an order shuffled
+by a seeded RNG, so drift (CPU frequency, page cache, a neighbour's load) hits
+all of them alike. ``--repeats`` repeats of ``--rounds`` rounds are measured.
 
-1. ``raw``: ``httpx.Client.post(url, json=body, headers={"Idempotency-Key": uuid4})``.
-2. ``postonce FULL``: ``postonce.Client(durability="full").post_once(url, json=body)``,
-   a new intent per call. By design one call is one ``synchronous=FULL``
-   write-ahead commit, the POST, and one ``synchronous=NORMAL`` commit of the
-   2xx answer.
-3. ``postonce NORMAL``: the same with ``durability="normal"`` (both commits NORMAL).
+1. ``raw httpx``: ``httpx.Client.post(url, json=body, headers={"Idempotency-Key": uuid4})``.
+2. ``floor NORMAL`` / ``floor FULL``: ``benchmarks/floor.py``, the least Python
+   doing postonce's durable work: the write-ahead commit of the intent with its
+   key (``synchronous`` NORMAL or FULL), the raw httpx POST, the answer's
+   NORMAL commit before returning.
+3. ``postonce NORMAL`` / ``postonce FULL``:
+   ``postonce.Client(durability=...).post_once(url, json=body)``, a new intent
+   per call.
 4. ``FULL commit``: ``BEGIN IMMEDIATE; INSERT`` a ~200-byte row ``; COMMIT``
    into a separate WAL-mode SQLite file with ``synchronous=FULL``, in the same
-   directory as the outboxes: one measured FULL commit on the same disk.
+   directory as the outboxes: what one fsync'd commit costs on this disk.
+5. ``stripe-python`` (if installed; the bench extra has it):
+   ``stripe.StripeClient(...).v1.payment_intents.create`` on its
+   ``HTTPXClient`` with ``max_network_retries=2``, its own in-memory retry loop.
+
+Per-call latencies are kept, not only medians: the table gives min, p50, p99
+and max per arm, pooled over the repeats, with ratios to raw and to the floor
+of the same durability, and the p50 and p99 of each repeat as min/median/max
+(``UNSTABLE`` when the repeats differ by more than 30%). Work a call leaves
+behind is counted (see ``run_rounds``), and SQLite's automatic checkpoints run
+inside the commit that triggers them, so the checkpoint tail is in p99 and max.
+The target lines compute each ratio within a repeat, then show its spread.
 
 Every HTTP candidate has its own ``httpx.Client`` and so its own keep-alive
 connection. The garbage collector stays on: what postonce allocates is part
