@@ -84,7 +84,7 @@ import postonce
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from floor import Floor
-from spread import Spread, percentile
+from spread import Spread, percentile, verdict
 
 BODY: dict[str, object] = {
     "amount": 1250,
@@ -571,10 +571,10 @@ def report(candidates: Sequence[Candidate]) -> None:
         ours, floor = by_name[f"postonce {level}"], by_name[f"floor {level}"]
         p50 = _ratio_spread(ours, floor, _p50)
         p99 = _ratio_spread(ours, floor, _p99)
-        verdict = "met" if p50.median <= FLOOR_TARGET else "missed"
         print(
             f"  postonce {level} / floor {level}: p50 {p50.text('.2f')}, "
-            f"p99 {p99.text('.2f')}  (target p50 <= {FLOOR_TARGET:.2f}: {verdict})"
+            f"p99 {p99.text('.2f')}  "
+            f"(target p50 <= {FLOOR_TARGET:.2f}: {verdict(p50.median <= FLOOR_TARGET, p50)})"
         )
         floor_raw = _ratio_spread(floor, by_name["raw httpx"], _p50)
         summary.append(
@@ -583,19 +583,18 @@ def report(candidates: Sequence[Candidate]) -> None:
         )
     normal = by_name["postonce NORMAL"]
     tail = _ratio_spread(normal, by_name["raw httpx"], _p99)
-    verdict = "met" if tail.median <= TAIL_TARGET else "missed"
     print(
         f"  p99 postonce NORMAL / p99 raw: {tail.text('.2f')}  "
-        f"(target <= {TAIL_TARGET:.1f}: {verdict})"
+        f"(target <= {TAIL_TARGET:.1f}: {verdict(tail.median <= TAIL_TARGET, tail)})"
     )
     summary.append(f"tail NORMAL p99/raw x{tail.median:.2f}")
     if "stripe-python" in by_name:
         ours_raw = _ratio_spread(normal, by_name["raw httpx"], _p50)
         stripe_raw = _ratio_spread(by_name["stripe-python"], by_name["raw httpx"], _p50)
-        verdict = "met" if ours_raw.median < stripe_raw.median else "missed"
+        below = verdict(ours_raw.median < stripe_raw.median, ours_raw, stripe_raw)
         print(
             f"  p50/raw: postonce NORMAL {ours_raw.text('.2f')} vs stripe-python "
-            f"{stripe_raw.text('.2f')}  (target below stripe-python: {verdict})"
+            f"{stripe_raw.text('.2f')}  (target below stripe-python: {below})"
         )
         summary.append(
             f"p50/raw postonce NORMAL x{ours_raw.median:.2f} stripe x{stripe_raw.median:.2f}"

@@ -13,7 +13,7 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["UNSTABLE_SPREAD", "Spread", "percentile"]
+__all__ = ["UNSTABLE_SPREAD", "Spread", "percentile", "verdict"]
 
 UNSTABLE_SPREAD = 0.30
 
@@ -68,3 +68,11 @@ class Spread:
         """``min/median/max``, with `` UNSTABLE`` appended when the repeats disagree."""
         body = f"{self.min:{fmt}}/{self.median:{fmt}}/{self.max:{fmt}}"
         return body + (" UNSTABLE" if self.unstable else "")
+
+
+def verdict(met: bool, *spreads: Spread) -> str:
+    """``met``/``missed``, qualified when a figure behind it is unstable over repeats."""
+    word = "met" if met else "missed"
+    if any(s.unstable for s in spreads):
+        return f"{word}, but UNSTABLE: re-run before quoting it"
+    return word
