@@ -4,7 +4,7 @@ Run from the repository root::
 
     .venv-bench/bin/python benchmarks/bench_peers.py
 
-Five candidates make the same POST (the JSON body ``BODY`` of ``bench_sync.py``)
+Six candidates make the same POST (the JSON body ``BODY`` of ``bench_sync.py``)
 to one loopback server, interleaved: every cycle calls each candidate once,
 in an order shuffled by a seeded RNG (``bench_sync.run_rounds``), so drift hits
 all of them alike. ``--rounds`` rounds of ``--n`` cycles are measured after
@@ -29,6 +29,13 @@ all of them alike. ``--rounds`` rounds of ``--n`` cycles are measured after
    which stripe-python accepts as the created object.
 5. ``stamina``: ``httpx.Client.post`` + ``raise_for_status`` under
    ``@stamina.retry(on=httpx.HTTPError, attempts=5)``, one key per call.
+6. ``floor FULL``: ``benchmarks/floor.py``, the least Python doing postonce's
+   durable work (write-ahead commit with ``synchronous=FULL``, raw httpx send,
+   answer commit), so the table shows what durability itself costs.
+
+Every candidate gets p50, p99 and max, ratios to raw for each, the ratio of its
+p50 to the floor's, and the spread of its p50 over the rounds (min/median/max,
+``UNSTABLE`` when they differ by more than 30%).
 
 Each candidate has its own ``httpx.Client`` (its own keep-alive connection).
 The server is ``bench_sync.py``'s raw asyncio HTTP/1.1 server, in its own
@@ -49,15 +56,12 @@ import random
 import sys
 import time
 import uuid
-import warnings
 from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, cast
 
 import httpx
 import stamina
-import stripe
 from dbos import DBOS, SetWorkflowID
 
 import postonce
@@ -68,13 +72,18 @@ from bench_sync import (
     Candidate,
     Stats,
     _check,
+    floor_candidate,
+    open_stripe,
     pinned_server,
     print_facts,
     raw_candidate,
     run_main,
     run_rounds,
     stats_of,
+    stripe_candidate,
 )
+from floor import Floor
+from spread import Spread
 
 DBOS_TARGET = 5.0  # postonce should be at least this many times faster per intent
 
@@ -133,17 +142,6 @@ def dbos_candidate(http: httpx.Client, url: str, database: Path) -> Candidate:
     return Candidate("DBOS", call)
 
 
-def stripe_candidate(client: stripe.StripeClient) -> Candidate:
-    params = cast(Any, BODY)  # amount, currency, customer, description: form-encoded
-
-    def call() -> None:
-        created = client.v1.payment_intents.create(params=params)
-        if not created.id:
-            raise RuntimeError(f"stripe-python: unexpected answer {created!r}")
-
-    return Candidate("stripe-python", call)
-
-
 def stamina_candidate(http: httpx.Client, url: str) -> Candidate:
     @stamina.retry(on=httpx.HTTPError, attempts=5)
     def post(key: str) -> httpx.Response:
@@ -161,35 +159,44 @@ def stamina_candidate(http: httpx.Client, url: str) -> Candidate:
 
 
 def report(candidates: Sequence[Candidate]) -> None:
-    table: dict[str, Stats] = {c.name: stats_of(c.samples) for c in candidates}
-    raw = table["raw httpx"]
+    table: dict[str, Stats] = {c.name: stats_of(c.all_samples()) for c in candidates}
+    by_name = {c.name: c for c in candidates}
+    raw, floor = table["raw httpx"], table["floor FULL"]
     print()
     print(
-        f"{'candidate':<15}{'n':>7}{'min':>10}{'median':>10}{'p90':>10}{'p99':>10}"
-        f"{'med/raw':>9}{'p99/raw':>9}   (us)"
+        f"{'candidate':<15}{'n':>6}{'p50':>8}{'p99':>8}{'max':>9}"
+        f"{'p50/raw':>9}{'p99/raw':>9}{'max/raw':>9}{'p50/floor':>11}   p50 per round"
     )
     for name, s in table.items():
+        rounds = Spread.of(stats_of(r).p50_us for r in by_name[name].repeats)
         print(
-            f"{name:<15}{s.n:>7}{s.min_us:>10.1f}{s.median_us:>10.1f}{s.p90_us:>10.1f}"
-            f"{s.p99_us:>10.1f}{s.median_us / raw.median_us:>8.2f}x"
-            f"{s.p99_us / raw.p99_us:>8.2f}x"
+            f"{name:<15}{s.n:>6}{s.p50_us:>8.0f}{s.p99_us:>8.0f}{s.max_us:>9.0f}"
+            f"{s.p50_us / raw.p50_us:>8.2f}x{s.p99_us / raw.p99_us:>8.2f}x"
+            f"{s.max_us / raw.max_us:>8.2f}x{s.p50_us / floor.p50_us:>10.2f}x   {rounds.text()}"
         )
+    print("(us; floor FULL: benchmarks/floor.py with synchronous=FULL, postonce's default)")
     ours, dbos = table["postonce"], table["DBOS"]
-    faster = dbos.median_us / ours.median_us
+    faster = dbos.p50_us / ours.p50_us
     verdict = "met" if faster >= DBOS_TARGET else "MISSED"
     print()
     print(
-        f"median(DBOS) / median(postonce) = x{faster:.2f}  "
+        f"p50(DBOS) / p50(postonce) = x{faster:.2f}  "
         f"(p99: x{dbos.p99_us / ours.p99_us:.2f}; target >= x{DBOS_TARGET:.0f}: {verdict})"
     )
+    unstable = [
+        c.name for c in candidates if Spread.of(stats_of(r).p50_us for r in c.repeats).unstable
+    ]
+    if unstable:
+        print(f"UNSTABLE (rounds differ by > 30% in p50): {', '.join(unstable)}")
     parts = " ".join(
-        f"{name}={s.median_us:.0f}us(x{s.median_us / raw.median_us:.2f})"
+        f"{name}={s.p50_us:.0f}us(x{s.p50_us / raw.p50_us:.2f})"
         for name, s in table.items()
         if name != "raw httpx"
     )
     print(
-        f"SUMMARY peers c=1: raw={raw.median_us:.0f}us {parts}; "
-        f"postonce vs DBOS: {faster:.1f}\u00d7 faster per intent"
+        f"SUMMARY peers c=1: raw={raw.p50_us:.0f}us {parts}; p50 ratios to raw; "
+        f"postonce vs DBOS: {faster:.1f}\u00d7 faster per intent; "
+        f"unstable: {', '.join(unstable) or 'none'}"
     )
 
 
@@ -222,8 +229,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    # httpx warns on every str ``data=`` (what stripe-python's HTTPXClient passes).
-    warnings.filterwarnings("ignore", message="Use 'content=", category=DeprecationWarning)
     with pinned_server(".tmp-bench-peers-", args.dir) as pinned, ExitStack() as closing:
         workdir, server = pinned.workdir, pinned.server
         print_facts(workdir, pinned.cpus, pinned.pinning, server)
@@ -244,14 +249,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         closing.callback(ours.close)
         dbos_http = httpx.Client()
         closing.callback(dbos_http.close)
-        stripe_http = stripe.HTTPXClient(allow_sync_methods=True)
-        closing.callback(stripe_http.close)
-        stripe_client = stripe.StripeClient(
-            "sk_test_postonce_bench",
-            base_addresses={"api": base},
-            http_client=stripe_http,
-            max_network_retries=2,
-        )
+        stripe_client = open_stripe(base, closing)
+        if stripe_client is None:
+            raise SystemExit("bench_peers needs stripe-python: install the bench extra")
+        floor_http = httpx.Client()
+        closing.callback(floor_http.close)
+        floor = Floor(workdir / "floor.sqlite3", "FULL", floor_http)
+        closing.callback(floor.close)
         stamina_http = httpx.Client()
         closing.callback(stamina_http.close)
         closing.callback(DBOS.destroy)
@@ -261,6 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             postonce_candidate(ours, server.url),
             dbos_candidate(dbos_http, server.url, workdir / "dbos.sqlite3"),
             stripe_candidate(stripe_client),
+            floor_candidate(floor, server.url),
             stamina_candidate(stamina_http, server.url),
         ]
         rng = random.Random(args.seed)
@@ -269,6 +274,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         started = time.monotonic()
         for number in range(1, args.rounds + 1):
             run_rounds(candidates, args.n, rng, keep=True)
+            for candidate in candidates:
+                candidate.end_repeat()
             elapsed = time.monotonic() - started
             print(f"round {number}/{args.rounds} done at {elapsed:.1f} s")
             sys.stdout.flush()

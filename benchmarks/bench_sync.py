@@ -1,22 +1,36 @@
-"""What one ``Client.post_once`` costs on top of the raw httpx POST it wraps.
+"""What one ``Client.post_once`` costs: against raw httpx, the durable floor and stripe-python.
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/bench_sync.py --rounds 2000
+    .venv/bin/python benchmarks/bench_sync.py            # 3 repeats x 300 rounds, ~1-2 min
 
-Four candidates are timed against the same loopback server, interleaved: each
-round makes one call of every candidate, in an order shuffled by a seeded RNG,
-so drift (CPU frequency, page cache, the server's state) hits all of them alike.
+All arms are timed against the same loopback server in ONE run, interleaved:
+each round makes ``--block`` calls in a row of every arm, in an order shuffled
+by a seeded RNG, so drift (CPU frequency, page cache, a neighbour's load) hits
+all of them alike. ``--repeats`` repeats of ``--rounds`` rounds are measured.
 
-1. ``raw``: ``httpx.Client.post(url, json=body, headers={"Idempotency-Key": uuid4})``.
-2. ``postonce FULL``: ``postonce.Client(durability="full").post_once(url, json=body)``,
-   a new intent per call. By design one call is one ``synchronous=FULL``
-   write-ahead commit, the POST, and one ``synchronous=NORMAL`` commit of the
-   2xx answer.
-3. ``postonce NORMAL``: the same with ``durability="normal"`` (both commits NORMAL).
+1. ``raw httpx``: ``httpx.Client.post(url, json=body, headers={"Idempotency-Key": uuid4})``.
+2. ``floor NORMAL`` / ``floor FULL``: ``benchmarks/floor.py``, the least Python
+   doing postonce's durable work: the write-ahead commit of the intent with its
+   key (``synchronous`` NORMAL or FULL), the raw httpx POST, the answer's
+   NORMAL commit before returning.
+3. ``postonce NORMAL`` / ``postonce FULL``:
+   ``postonce.Client(durability=...).post_once(url, json=body)``, a new intent
+   per call.
 4. ``FULL commit``: ``BEGIN IMMEDIATE; INSERT`` a ~200-byte row ``; COMMIT``
    into a separate WAL-mode SQLite file with ``synchronous=FULL``, in the same
-   directory as the outboxes: one measured FULL commit on the same disk.
+   directory as the outboxes: what one fsync'd commit costs on this disk.
+5. ``stripe-python`` (if installed; the bench extra has it):
+   ``stripe.StripeClient(...).v1.payment_intents.create`` on its
+   ``HTTPXClient`` with ``max_network_retries=2``, its own in-memory retry loop.
+
+Per-call latencies are kept, not only medians: the table gives min, p50, p99
+and max per arm, pooled over the repeats, with ratios to raw and to the floor
+of the same durability, and the p50 and p99 of each repeat as min/median/max
+(``UNSTABLE`` when the repeats differ by more than 30%). Work a call leaves
+behind is counted (see ``run_rounds``), and SQLite's automatic checkpoints run
+inside the commit that triggers them, so the checkpoint tail is in p99 and max.
+The target lines compute each ratio within a repeat, then show its spread.
 
 Every HTTP candidate has its own ``httpx.Client`` and so its own keep-alive
 connection. The garbage collector stays on: what postonce allocates is part
@@ -50,11 +64,11 @@ import shlex
 import shutil
 import signal
 import sqlite3
-import statistics
 import sys
 import tempfile
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -62,10 +76,15 @@ from multiprocessing import get_context
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 import postonce
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from floor import Floor
+from spread import Spread, percentile, verdict
 
 BODY: dict[str, object] = {
     "amount": 1250,
@@ -244,6 +263,15 @@ class Candidate:
     # Work a call leaves running behind it (postonce's write-behind of the 2xx
     # record): waited for at the end of each block and counted in its last sample.
     settle: Callable[[], None] | None = None
+    # The samples of each finished repeat (``end_repeat`` moves ``samples`` here).
+    repeats: list[list[int]] = field(default_factory=list)
+
+    def end_repeat(self) -> None:
+        self.repeats.append(self.samples)
+        self.samples = []
+
+    def all_samples(self) -> list[int]:
+        return [s for repeat in self.repeats for s in repeat] + self.samples
 
 
 def _check(response: httpx.Response, who: str) -> None:
@@ -259,6 +287,15 @@ def raw_candidate(http: httpx.Client, url: str) -> Candidate:
     return Candidate("raw httpx", call)
 
 
+def floor_candidate(floor: Floor, url: str) -> Candidate:
+    label = f"floor {floor.synchronous}"
+
+    def call() -> None:
+        _check(floor.post_once(url, BODY), label)
+
+    return Candidate(label, call)
+
+
 def postonce_candidate(client: postonce.Client, url: str, label: str) -> Candidate:
     def call() -> None:
         _check(client.post_once(url, json=BODY), label)
@@ -267,6 +304,41 @@ def postonce_candidate(client: postonce.Client, url: str, label: str) -> Candida
         client.outbox  # noqa: B018 - reading the property commits the write-behind queue
 
     return Candidate(label, call, settle=settle)
+
+
+def stripe_candidate(client: Any) -> Candidate:
+    """stripe-python's own retry loop (``StripeClient(...).v1.payment_intents.create``)."""
+    params = BODY  # amount, currency, customer, description: form-encoded by stripe-python
+
+    def call() -> None:
+        created = client.v1.payment_intents.create(params=params)
+        if not created.id:
+            raise RuntimeError(f"stripe-python: unexpected answer {created!r}")
+
+    return Candidate("stripe-python", call)
+
+
+def open_stripe(base: str, closing: ExitStack) -> Any | None:
+    """A ``stripe.StripeClient`` on its ``HTTPXClient`` aimed at ``base``; None if not installed.
+
+    ``max_network_retries=2``: stripe-python mints the ``Idempotency-Key`` itself
+    and runs its own retry loop, the one users have today.
+    """
+    try:
+        # Optional: the bench extra has it, CI's test environment does not.
+        import stripe
+    except ImportError:
+        return None
+    # httpx warns on every str ``data=`` (what stripe-python's HTTPXClient passes).
+    warnings.filterwarnings("ignore", message="Use 'content=", category=DeprecationWarning)
+    http = stripe.HTTPXClient(allow_sync_methods=True)
+    closing.callback(http.close)
+    return stripe.StripeClient(
+        "sk_test_postonce_bench",
+        base_addresses={"api": base},
+        http_client=http,
+        max_network_retries=2,
+    )
 
 
 def commit_candidate(conn: sqlite3.Connection) -> Candidate:
@@ -295,6 +367,8 @@ def run_rounds(
     (a candidate's ``settle``) overlaps that candidate's own next call, never
     another candidate's. What is still pending at the end of the block is
     waited for and added to the block's last sample, so nothing goes uncounted.
+    SQLite's automatic checkpoints run inside the commit that crosses the
+    threshold, so they land in that call's sample: the tail is measured.
     """
     order = list(candidates)
     clock = time.perf_counter_ns
@@ -315,19 +389,14 @@ def run_rounds(
 class Stats:
     n: int
     min_us: float
-    median_us: float
-    p90_us: float
+    p50_us: float
     p99_us: float
+    max_us: float
 
 
 def stats_of(samples: Sequence[int]) -> Stats:
     us = [s / 1000 for s in samples]
-    if len(us) >= 2:
-        cuts = statistics.quantiles(us, n=100, method="inclusive")
-        p90, p99 = cuts[89], cuts[98]
-    else:
-        p90 = p99 = us[0]
-    return Stats(len(us), min(us), statistics.median(us), p90, p99)
+    return Stats(len(us), min(us), percentile(us, 50), percentile(us, 99), max(us))
 
 
 # -- the frame every script runs in ------------------------------------------------
@@ -390,8 +459,11 @@ def run_main(main: Callable[[], int]) -> None:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--rounds", type=int, default=2000, help="measured rounds (default 2000)")
-    parser.add_argument("--warmup", type=int, default=200, help="uncounted rounds (default 200)")
+    parser.add_argument(
+        "--rounds", type=int, default=300, help="measured rounds per repeat (default 300)"
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="repeats (default 3)")
+    parser.add_argument("--warmup", type=int, default=50, help="uncounted rounds (default 50)")
     parser.add_argument(
         "--dir",
         type=Path,
@@ -403,9 +475,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--block", type=int, default=10, help="calls in a row per candidate and round (default 10)"
     )
+    parser.add_argument(
+        "--no-stripe", action="store_true", help="leave stripe-python out even if installed"
+    )
     args = parser.parse_args(argv)
-    if args.rounds < 1 or args.warmup < 0:
-        parser.error("--rounds must be >= 1 and --warmup >= 0")
+    if args.rounds < 1 or args.warmup < 0 or args.repeats < 1 or args.block < 1:
+        parser.error("--rounds, --repeats and --block must be >= 1, --warmup >= 0")
     return args
 
 
@@ -427,34 +502,110 @@ def print_facts(workdir: Path, cpus: Sequence[int], pinning: str, server: Server
     )
 
 
+# Which floor each arm is held against: the one with its durability; arms that
+# write nothing down are held against the cheaper (NORMAL) floor.
+FLOOR_OF = {
+    "postonce NORMAL": "floor NORMAL",
+    "postonce FULL": "floor FULL",
+    "floor FULL": "floor NORMAL",
+}
+FLOOR_TARGET = 1.10  # issue 18: post_once within 1.10x of the floor
+TAIL_TARGET = 2.0  # issue 18: p99(postonce NORMAL) <= 2x p99(raw)
+
+
+def _per_repeat(candidate: Candidate, pick: Callable[[Stats], float]) -> Spread:
+    return Spread.of(pick(stats_of(samples)) for samples in candidate.repeats)
+
+
+def _ratio_spread(top: Candidate, bottom: Candidate, pick: Callable[[Stats], float]) -> Spread:
+    """``top / bottom`` of one figure, computed within each repeat."""
+    return Spread.of(
+        pick(stats_of(a)) / pick(stats_of(b))
+        for a, b in zip(top.repeats, bottom.repeats, strict=True)
+    )
+
+
+def _p50(s: Stats) -> float:
+    return s.p50_us
+
+
+def _p99(s: Stats) -> float:
+    return s.p99_us
+
+
 def report(candidates: Sequence[Candidate]) -> None:
-    table = {c.name: stats_of(c.samples) for c in candidates}
+    by_name = {c.name: c for c in candidates}
+    table = {c.name: stats_of(c.all_samples()) for c in candidates}
+    raw = table["raw httpx"]
     print()
-    print(f"{'candidate':<18}{'n':>7}{'min':>10}{'median':>10}{'p90':>10}{'p99':>10}   (us)")
+    print("per-call latency, all repeats pooled (us); p50 and p99 per repeat as min/median/max")
+    print(
+        f"{'arm':<16}{'n':>6}{'min':>8}{'p50':>8}{'p99':>8}{'max':>9}"
+        f"   {'p50 per repeat':<24}{'p99 per repeat':<24}"
+    )
     for name, s in table.items():
+        candidate = by_name[name]
         print(
-            f"{name:<18}{s.n:>7}{s.min_us:>10.1f}{s.median_us:>10.1f}"
-            f"{s.p90_us:>10.1f}{s.p99_us:>10.1f}"
+            f"{name:<16}{s.n:>6}{s.min_us:>8.0f}{s.p50_us:>8.0f}{s.p99_us:>8.0f}{s.max_us:>9.0f}"
+            f"   {_per_repeat(candidate, _p50).text():<24}"
+            f"{_per_repeat(candidate, _p99).text():<24}"
         )
-    raw = table["raw httpx"].median_us
-    full = table["postonce FULL"].median_us
-    normal = table["postonce NORMAL"].median_us
-    commit = table["FULL commit"].median_us
-    full_x, normal_x = full / raw, normal / raw
-    full_commits = (full - raw) / commit
-    normal_commits = (normal - raw) / commit
     print()
-    print(f"median(postonce FULL) / median(raw)   = x{full_x:.2f}")
-    print(f"median(postonce NORMAL) / median(raw) = x{normal_x:.2f}")
+    print("ratios, pooled: against raw httpx, and against the floor of the same durability")
     print(
-        f"overhead FULL   = {full - raw:.1f} us = {full_commits:.2f} FULL commits "
-        f"(1 FULL commit = {commit:.1f} us median)"
+        f"{'arm':<16}{'p50/raw':>9}{'p99/raw':>9}{'max/raw':>9}   {'floor':<13}"
+        f"{'p50/floor':>10}{'p99/floor':>10}{'max/floor':>10}"
     )
-    print(f"overhead NORMAL = {normal - raw:.1f} us = {normal_commits:.2f} FULL commits")
+    for name, s in table.items():
+        floor_name = FLOOR_OF.get(name, "floor NORMAL")
+        f = table[floor_name]
+        print(
+            f"{name:<16}{s.p50_us / raw.p50_us:>8.2f}x{s.p99_us / raw.p99_us:>8.2f}x"
+            f"{s.max_us / raw.max_us:>8.2f}x   {floor_name:<13}"
+            f"{s.p50_us / f.p50_us:>9.2f}x{s.p99_us / f.p99_us:>9.2f}x{s.max_us / f.max_us:>9.2f}x"
+        )
+    print()
+    print("issue 18 targets (ratios within each repeat, min/median/max over repeats):")
+    summary: list[str] = [f"raw p50={raw.p50_us:.0f}us p99={raw.p99_us:.0f}us"]
+    for level in ("NORMAL", "FULL"):
+        ours, floor = by_name[f"postonce {level}"], by_name[f"floor {level}"]
+        p50 = _ratio_spread(ours, floor, _p50)
+        p99 = _ratio_spread(ours, floor, _p99)
+        print(
+            f"  postonce {level} / floor {level}: p50 {p50.text('.2f')}, "
+            f"p99 {p99.text('.2f')}  "
+            f"(target p50 <= {FLOOR_TARGET:.2f}: {verdict(p50.median <= FLOOR_TARGET, p50)})"
+        )
+        floor_raw = _ratio_spread(floor, by_name["raw httpx"], _p50)
+        summary.append(
+            f"{level}: postonce/floor p50 x{p50.median:.2f} p99 x{p99.median:.2f}"
+            f" floor/raw p50 x{floor_raw.median:.2f}"
+        )
+    normal = by_name["postonce NORMAL"]
+    tail = _ratio_spread(normal, by_name["raw httpx"], _p99)
     print(
-        f"SUMMARY sync c=1: raw={raw:.0f}us full={full:.0f}us (x{full_x:.2f}) "
-        f"normal={normal:.0f}us (x{normal_x:.2f}) full-overhead={full_commits:.1f} commits"
+        f"  p99 postonce NORMAL / p99 raw: {tail.text('.2f')}  "
+        f"(target <= {TAIL_TARGET:.1f}: {verdict(tail.median <= TAIL_TARGET, tail)})"
     )
+    summary.append(f"tail NORMAL p99/raw x{tail.median:.2f}")
+    if "stripe-python" in by_name:
+        ours_raw = _ratio_spread(normal, by_name["raw httpx"], _p50)
+        stripe_raw = _ratio_spread(by_name["stripe-python"], by_name["raw httpx"], _p50)
+        below = verdict(ours_raw.median < stripe_raw.median, ours_raw, stripe_raw)
+        print(
+            f"  p50/raw: postonce NORMAL {ours_raw.text('.2f')} vs stripe-python "
+            f"{stripe_raw.text('.2f')}  (target below stripe-python: {below})"
+        )
+        summary.append(
+            f"p50/raw postonce NORMAL x{ours_raw.median:.2f} stripe x{stripe_raw.median:.2f}"
+        )
+    unstable = [
+        c.name for c in candidates if _per_repeat(c, _p50).unstable or _per_repeat(c, _p99).unstable
+    ]
+    if unstable:
+        print(f"UNSTABLE (repeats differ by > 30% in p50 or p99): {', '.join(unstable)}")
+    summary.append(f"unstable: {', '.join(unstable) or 'none'}")
+    print("SUMMARY sync c=1: " + "; ".join(summary))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -463,12 +614,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         workdir, server = pinned.workdir, pinned.server
         print_facts(workdir, pinned.cpus, pinned.pinning, server)
         print(
-            f"rounds: {args.rounds} measured + {args.warmup} warm-up, {args.block} calls in a row"
-            f" per candidate, seed {args.seed}"
+            f"rounds: {args.repeats} repeats x {args.rounds} measured + {args.warmup} warm-up, "
+            f"{args.block} calls in a row per arm and round, seed {args.seed}; "
+            f"load average at start: {os.getloadavg()}"
         )
         sys.stdout.flush()
 
-        raw_http = closing.enter_context(httpx.Client())
+        def http() -> httpx.Client:
+            return closing.enter_context(httpx.Client())
+
+        floors = []
+        for level in ("NORMAL", "FULL"):
+            floor = Floor(workdir / f"floor-{level.lower()}.sqlite3", level, http())
+            closing.callback(floor.close)
+            floors.append(floor)
         full = closing.enter_context(
             postonce.Client(outbox=workdir / "outbox-full.sqlite3", durability="full")
         )
@@ -479,17 +638,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         closing.callback(conn.close)
 
         candidates = [
-            raw_candidate(raw_http, server.url),
-            postonce_candidate(full, server.url, "postonce FULL"),
+            raw_candidate(http(), server.url),
+            *(floor_candidate(floor, server.url) for floor in floors),
             postonce_candidate(normal, server.url, "postonce NORMAL"),
+            postonce_candidate(full, server.url, "postonce FULL"),
             commit_candidate(conn),
         ]
+        stripe_client = (
+            None if args.no_stripe else open_stripe(server.url.rsplit("/v1/", 1)[0], closing)
+        )
+        if stripe_client is not None:
+            import stripe
+
+            print(f"stripe-python: {stripe.VERSION} (max_network_retries=2)")
+            candidates.append(stripe_candidate(stripe_client))
+        else:
+            print("stripe-python: not installed or left out (--no-stripe): no stripe arm")
         rng = random.Random(args.seed)
         run_rounds(candidates, args.warmup, rng, keep=False, block=args.block)
         gc.collect()
         started = time.monotonic()
-        run_rounds(candidates, args.rounds, rng, keep=True, block=args.block)
-        print(f"measured in {time.monotonic() - started:.1f} s")
+        for number in range(1, args.repeats + 1):
+            run_rounds(candidates, args.rounds, rng, keep=True, block=args.block)
+            for candidate in candidates:
+                candidate.end_repeat()
+            print(f"repeat {number}/{args.repeats} done at {time.monotonic() - started:.1f} s")
+            sys.stdout.flush()
+        print(f"load average at end: {os.getloadavg()}")
         report(candidates)
     return 0
 

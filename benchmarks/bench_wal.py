@@ -1,0 +1,254 @@
+"""WAL pages written per first-try 2xx intent: postonce against the durable floor.
+
+Run from the repository root::
+
+    .venv/bin/python benchmarks/bench_wal.py            # 3 repeats x 300 intents, ~10 s
+
+Nothing is timed: this counts what each intent writes to SQLite's write-ahead
+log, which is what a commit must get to disk (and, with ``synchronous=FULL``,
+fsync) and what a checkpoint later copies into the database file.
+
+The method, per arm and repeat, on a fresh outbox file:
+
+1. ``--warmup`` intents (untimed, uncounted) create the schema and the first
+   pages of every B-tree; anything a call left behind is committed
+   (``Client.outbox`` flushes postonce's write-behind queue).
+2. ``PRAGMA wal_checkpoint(TRUNCATE)`` from a side connection empties the
+   ``-wal`` file; the same connection then opens a read transaction and keeps
+   it open. A reader whose snapshot predates every frame stops checkpoints
+   from copying any frame back, and a WAL with readers is never restarted from
+   its start: from here on, every frame a commit writes is appended, none is
+   overwritten. (``wal_autocheckpoint`` belongs to the writer's connection,
+   which postonce owns; pinning a reader gives the same effect from outside.)
+3. ``--intents`` new intents, each one POST answered ``201`` on the first try,
+   then everything left behind is committed.
+4. The ``-wal`` file is parsed: after its 32-byte header, frames of 24 bytes
+   plus one page. A frame is one page image written by one commit; a frame
+   whose "database size after commit" field is non-zero ends a commit.
+   Frames / intents is the figure; commits / intents says how many
+   transactions an intent costs. Each frame's page number is looked up in
+   SQLite's ``dbstat`` table (when the build has it) to say which B-tree the
+   page belongs to: the per-index breakdown.
+
+Arms: ``postonce`` (``post_once(url, json=body)``, a call that is its own
+intent), ``postonce intent=`` (the same with a caller reference, as in
+``bench_peers``), ``floor`` and ``floor intent=`` (``benchmarks/floor.py``,
+without and with a reference). All use
+``--durability`` (default ``full``): it changes when pages are synced, not
+which pages are written. The loopback server is ``bench_sync``'s. The page
+size is SQLite's default (4096 bytes, as postonce leaves it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import itertools
+import sqlite3
+import sys
+import time
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+import postonce
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_sync import BODY, _check, pinned_server, print_facts, run_main
+from floor import Floor
+from spread import Spread
+
+TARGET_PAGES = 4.0  # issue 18: <= 4 WAL pages per first-try 2xx intent
+_WAL_HEADER = 32
+_FRAME_HEADER = 24
+
+Arm = tuple[Callable[[], None], Callable[[], None], Callable[[], None]]  # call, settle, close
+
+
+@dataclass(frozen=True)
+class WalCount:
+    frames: int
+    commits: int
+    page_size: int
+    pages: tuple[int, ...]  # the page number of every frame, in order
+
+
+@dataclass
+class Result:
+    frames: list[float] = field(default_factory=list)  # per intent, one per repeat
+    commits: list[float] = field(default_factory=list)
+    by_btree: collections.Counter[str] = field(default_factory=collections.Counter)
+    intents: int = 0
+
+
+def count_wal(wal: Path) -> WalCount:
+    """Frames and commits in a ``-wal`` file that was never restarted."""
+    data = wal.read_bytes()
+    if len(data) < _WAL_HEADER:
+        return WalCount(0, 0, 4096, ())
+    page_size = int.from_bytes(data[8:12], "big")
+    salts = data[16:24]
+    frame_size = _FRAME_HEADER + page_size
+    frames = commits = 0
+    pages: list[int] = []
+    at = _WAL_HEADER
+    while at + frame_size <= len(data):
+        if data[at + 8 : at + 16] != salts:
+            raise RuntimeError(f"{wal}: a frame from another WAL generation (restarted?)")
+        pages.append(int.from_bytes(data[at : at + 4], "big"))
+        if int.from_bytes(data[at + 4 : at + 8], "big"):
+            commits += 1
+        frames += 1
+        at += frame_size
+    return WalCount(frames, commits, page_size, tuple(pages))
+
+
+def btree_of_pages(path: Path) -> dict[int, str]:
+    """Page number -> B-tree (table or index) name, from ``dbstat``; empty without it."""
+    conn = sqlite3.connect(path)
+    try:
+        return {
+            int(page): str(name) for name, page in conn.execute("SELECT name, pageno FROM dbstat")
+        }
+    except sqlite3.OperationalError:
+        return {}  # SQLite built without SQLITE_ENABLE_DBSTAT_VTAB
+    finally:
+        conn.close()
+
+
+def open_arm(name: str, path: Path, url: str, durability: str) -> Arm:
+    http = httpx.Client()
+    numbers = itertools.count()
+    with_reference = name.endswith("intent=")
+    if name.startswith("floor"):
+        floor = Floor(path, "FULL" if durability == "full" else "NORMAL", http)
+
+        def floor_call() -> None:
+            reference = f"order-{next(numbers)}/charge" if with_reference else None
+            _check(floor.post_once(url, BODY, reference), name)
+
+        def floor_close() -> None:
+            floor.close()
+            http.close()
+
+        return floor_call, lambda: None, floor_close
+    client = postonce.Client(
+        outbox=path, durability="full" if durability == "full" else "normal", http=http
+    )
+
+    def call() -> None:
+        if with_reference:
+            response = client.post_once(url, json=BODY, intent=f"order-{next(numbers)}/charge")
+        else:
+            response = client.post_once(url, json=BODY)
+        _check(response, name)
+
+    def settle() -> None:
+        client.outbox  # noqa: B018 - reading the property commits the write-behind queue
+
+    def close() -> None:
+        client.close()
+        http.close()
+
+    return call, settle, close
+
+
+def measure(name: str, path: Path, url: str, args: argparse.Namespace, result: Result) -> None:
+    call, settle, close = open_arm(name, path, url, args.durability)
+    with ExitStack() as closing:
+        closing.callback(close)
+        for _ in range(args.warmup):
+            call()
+        settle()
+        side = sqlite3.connect(path, isolation_level=None)
+        closing.callback(side.close)
+        busy, _, _ = side.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        wal = path.with_name(path.name + "-wal")
+        if busy or wal.stat().st_size:
+            raise RuntimeError(f"{name}: could not empty the WAL before counting")
+        side.execute("BEGIN")
+        side.execute("SELECT count(*) FROM sqlite_master").fetchone()  # pins the snapshot
+        for _ in range(args.intents):
+            call()
+        settle()
+        counted = count_wal(wal)
+        side.execute("ROLLBACK")
+    result.frames.append(counted.frames / args.intents)
+    result.commits.append(counted.commits / args.intents)
+    result.intents += args.intents
+    names = btree_of_pages(path)
+    result.by_btree.update(names.get(page, "?") for page in counted.pages)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--intents", type=int, default=300, help="counted intents per repeat")
+    parser.add_argument(
+        "--warmup", type=int, default=1000, help="uncounted intents first (default 1000)"
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="repeats, each on a fresh file")
+    parser.add_argument("--durability", choices=("full", "normal"), default="full")
+    parser.add_argument("--dir", type=Path, default=None, help="parent of the work directory")
+    args = parser.parse_args(argv)
+    if args.intents < 1 or args.warmup < 1 or args.repeats < 1:
+        parser.error("--intents, --warmup and --repeats must be >= 1")
+    return args
+
+
+ARMS = ("postonce", "postonce intent=", "floor", "floor intent=")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    results = {name: Result() for name in ARMS}
+    with pinned_server(".tmp-bench-wal-", args.dir) as pinned:
+        print_facts(pinned.workdir, pinned.cpus, pinned.pinning, pinned.server)
+        print(
+            f"counting: {args.repeats} repeats x {args.intents} intents (+{args.warmup} warm-up), "
+            f"durability {args.durability}, a fresh file per arm and repeat"
+        )
+        started = time.monotonic()
+        for repeat in range(args.repeats):
+            for number, name in enumerate(ARMS):
+                path = pinned.workdir / f"r{repeat}-{number}.sqlite3"
+                measure(name, path, pinned.server.url, args, results[name])
+        print(f"counted in {time.monotonic() - started:.1f} s")
+    print()
+    print(
+        f"{'arm':<18}{'WAL pages/intent':>18}{'bytes/intent':>14}{'commits/intent':>16}"
+        "   pages/intent per repeat (min/median/max)"
+    )
+    summary: list[str] = []
+    for name, result in results.items():
+        pages = Spread.of(result.frames)
+        commits = Spread.of(result.commits)
+        print(
+            f"{name:<18}{pages.median:>18.2f}{pages.median * (4096 + _FRAME_HEADER):>14.0f}"
+            f"{commits.median:>16.2f}   {pages.text('.2f')}"
+        )
+        summary.append(f"{name}={pages.median:.2f}")
+    print("(bytes: frames of 24 + 4096 bytes; median over repeats)")
+    print()
+    print("WAL pages per intent by B-tree (all repeats; from dbstat, '?' = unknown page):")
+    for name, result in results.items():
+        parts = ", ".join(
+            f"{btree} {count / result.intents:.2f}"
+            for btree, count in result.by_btree.most_common()
+        )
+        print(f"  {name}: {parts}")
+    ours = Spread.of(results["postonce"].frames).median
+    verdict = "met" if ours <= TARGET_PAGES else "missed"
+    unstable = [name for name, r in results.items() if Spread.of(r.frames).unstable]
+    print(
+        f"SUMMARY wal pages per first-try 2xx intent: {' '.join(summary)}; "
+        f"target postonce <= {TARGET_PAGES:.0f}: {verdict}; "
+        f"unstable: {', '.join(unstable) or 'none'}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,122 @@
+"""The durable floor: the least Python that does ``post_once``'s durable work.
+
+``post_once`` is measured against this, not only against raw httpx: raw httpx
+writes nothing down, so "x times raw" mixes what durability must cost with what
+postonce adds on top. ``Floor.post_once`` does exactly the durable work the
+design asks for and nothing else:
+
+1. mint a canonical UUIDv4 key;
+2. one write-ahead transaction: ``INSERT`` the intent (key, reference, method,
+   URL, request body) and commit it, with ``synchronous`` = the arm's setting
+   (``NORMAL`` or ``FULL``), before the first byte is sent (DESIGN rule 1);
+3. send it with raw httpx, the key in the ``Idempotency-Key`` header;
+4. commit the answer (status, body) with ``synchronous=NORMAL`` before
+   returning (DESIGN rule 11: an answer returned is an answer kept).
+
+The schema is the least that keeps the lookups a client needs indexed: a rowid
+table (new rows append at its right edge, so a fat row never splits a page in
+the middle), a unique index on the key, and a unique index on the caller's
+reference holding only rows that have one (a call without ``reference`` is
+its own intent). A first-try 2xx without a reference therefore writes the
+table's last leaf and one key-index leaf ahead, and the table's leaf again
+with the answer: about three WAL pages; a reference adds one. (A first
+version keyed a ``WITHOUT ROWID`` table by the random UUID: every insert
+landed mid-tree and the page splits of ~250-byte rows cost 1.5 extra pages
+per intent; ``bench_wal.py`` measures it.)
+
+What it leaves out, on purpose: retries, classification, leases, horizons,
+fingerprints, secret scrubbing and a drain index. Those are postonce's
+features; the floor is what the durable write itself costs, so that
+``post_once / floor`` is the price of those features on the hot path.
+
+The file is WAL mode, ``isolation_level=None`` (each ``INSERT``/``UPDATE`` is
+its own transaction: one statement, one commit). With ``synchronous="FULL"``
+the write-ahead goes through a FULL connection and the answer through a
+second, NORMAL one on the same file, so no ``PRAGMA`` is switched per call.
+SQLite's automatic checkpoint (1000 pages) stays on and runs inside the call
+that crosses it, as it does for postonce: the checkpoint tail is counted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import uuid
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+
+__all__ = ["SCHEMA", "Floor", "Synchronous"]
+
+Synchronous = Literal["NORMAL", "FULL"]
+
+SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS intents ("
+    " id INTEGER PRIMARY KEY,"
+    " key TEXT NOT NULL UNIQUE,"
+    " reference TEXT,"
+    " method TEXT NOT NULL,"
+    " url TEXT NOT NULL,"
+    " body BLOB NOT NULL,"
+    " status INTEGER,"
+    " response BLOB"
+    ")",
+    "CREATE UNIQUE INDEX IF NOT EXISTS intents_reference ON intents (reference)"
+    " WHERE reference IS NOT NULL",
+)
+
+_INSERT = "INSERT INTO intents (key, reference, method, url, body) VALUES (?, ?, 'POST', ?, ?)"
+_ANSWER = "UPDATE intents SET status = ?, response = ? WHERE id = ?"
+_LOOKUP = "SELECT id, key, status, response FROM intents WHERE reference = ?"
+
+
+def _connect(path: Path, synchronous: Synchronous) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode = WAL").fetchone()
+    conn.execute(f"PRAGMA synchronous = {synchronous}")
+    conn.execute("PRAGMA busy_timeout = 5000")
+    return conn
+
+
+class Floor:
+    """A minimal durable client: write-ahead commit, raw httpx send, answer commit."""
+
+    def __init__(self, path: Path, synchronous: Synchronous, http: httpx.Client) -> None:
+        if not path.exists():
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))
+        self.path = path
+        self.synchronous = synchronous
+        self.http = http
+        self._ahead = _connect(path, synchronous)
+        for statement in SCHEMA:
+            self._ahead.execute(statement)
+        # The answer may be a NORMAL commit: a lost one is repaired by re-sending
+        # the same key (the provider replays), as for postonce.
+        self._answer = self._ahead if synchronous == "NORMAL" else _connect(path, "NORMAL")
+
+    def post_once(self, url: str, body: Any, reference: str | None = None) -> httpx.Response:
+        """POST ``body`` as JSON to ``url`` once per ``reference`` (default: the call itself)."""
+        key = str(uuid.uuid4())
+        content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+        try:
+            row = self._ahead.execute(_INSERT, (key, reference, url, content)).lastrowid
+        except sqlite3.IntegrityError:
+            # The reference is known: return its answer, or resume with its key.
+            # (Off the measured path: every benchmark intent is new.)
+            row, key, status, stored = self._ahead.execute(_LOOKUP, (reference,)).fetchone()
+            if status is not None:
+                return httpx.Response(status, content=stored)
+        response = self.http.post(
+            url,
+            content=content,
+            headers={"Content-Type": "application/json", "Idempotency-Key": key},
+        )
+        self._answer.execute(_ANSWER, (response.status_code, response.content, row))
+        return response
+
+    def close(self) -> None:
+        if self._answer is not self._ahead:
+            self._answer.close()
+        self._ahead.close()
