@@ -168,6 +168,9 @@ class IdempotentApp:
                 "method": scope["method"],
                 "path": scope["path"],
                 "worker": headers.get("x-worker"),
+                # Who sent it, and with which query: the sender-identity tests read these.
+                "authorization": headers.get("authorization"),
+                "query": scope["query_string"].decode(),
             }
         )
         if not key:
