@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
-import socket
 import threading
 import time
 from collections.abc import Callable, Collection, Generator, Sequence
@@ -24,6 +22,7 @@ from ._exceptions import ConfigurationError, OutboxError, PostonceError
 from ._flow import Effect, Sender, StoreCall, send_claimed
 from ._http import adapt_timeout, library_of
 from ._intent import IntentRecord
+from ._lease import new_owner
 from ._observe import Hooks
 from ._outbox.base import NewIntent, Opened, Store
 from ._outbox.locate import OutboxSpec, open_store
@@ -142,7 +141,7 @@ class BaseClient:
         self._owns_store = self._store is None
         self._adopted = False  # intents of no sender taken on (once per store)
         self._open_lock = threading.Lock()
-        self.owner = f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(4)}"
+        self.owner = new_owner()  # host, boot, pid and start time: others can tell it died
         self._clock: Callable[[], float] = clock if clock is not None else time.time
         self._lib: ModuleType = httpx  # set with the httpx client: httpx or httpx2
         self.hooks: tuple[Hooks, ...] = (

@@ -14,7 +14,7 @@ engine does. Its one job is to make each of these moves atomic and durable:
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -81,7 +81,13 @@ class Store(Protocol):
     """One implementation per backend; a blocking API the shells call."""
 
     def open_intent(
-        self, new: NewIntent, *, owner: str, now: float, lease_for: float
+        self,
+        new: NewIntent,
+        *,
+        owner: str,
+        now: float,
+        lease_for: float,
+        alive: Callable[[str], bool] = ...,
     ) -> Opened: ...
 
     def record(
@@ -116,6 +122,7 @@ class Store(Protocol):
         due_by: float | None = None,
         sender: str | None = None,
         origins: Collection[str] | None = None,
+        alive: Callable[[str], bool] = ...,
     ) -> list[Opened]: ...
 
     def adopt(

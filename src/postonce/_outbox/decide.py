@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from typing import Any
 
 from .._intent import TERMINAL, IntentRecord, State, StoredResponse, operator_move
@@ -29,6 +30,7 @@ __all__ = [
     "conflict_with",
     "created",
     "insert_row",
+    "lease_free",
     "moved",
     "purged",
     "recorded",
@@ -164,17 +166,29 @@ def taken(record: IntentRecord, lease: Lease, now: float, anchor: float) -> tupl
     return opened, changes
 
 
+def lease_free(record: IntentRecord, now: float, alive: Callable[[str], bool]) -> bool:
+    """Whether a claimant may take the intent's lease: none, expired, or its owner is gone."""
+    if record.lease_expires_at is None or record.lease_expires_at <= now:
+        return True
+    return record.lease_owner is not None and not alive(record.lease_owner)
+
+
 def reopened(
-    record: IntentRecord, new: NewIntent, lease: Lease, now: float
+    record: IntentRecord,
+    new: NewIntent,
+    lease: Lease,
+    now: float,
+    alive: Callable[[str], bool] = lambda owner: True,
 ) -> tuple[Opened, Changes | None]:
     """``open_intent`` found ``new``'s reference stored: take it over, or say why not.
 
     Taken only when it is the same request, unfinished and not leased by a
-    live sender; otherwise nothing is written (``None``) and the caller reads
-    the stored record (a conflict, a finished answer, or a sender to wait for).
+    live sender (``alive`` tells of an owner whose lease has not run out);
+    otherwise nothing is written (``None``) and the caller reads the stored
+    record (a conflict, a finished answer, or a sender to wait for).
     """
     conflict = conflict_with(record, new)
-    free = record.lease_expires_at is None or record.lease_expires_at <= now
+    free = lease_free(record, now, alive)
     if conflict or record.state in TERMINAL or not free:
         kept = Opened(
             record, None, created=False, conflict=conflict, anchor_before=record.first_delivery_at

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from .._engine import CLOCK_TOLERANCE
 from .._exceptions import IntentConflict
 from .._intent import IntentRecord, State
+from .._lease import alive as lease_owner_alive
 from . import decide
 from .base import AttemptRecord, Lease, NewIntent, Opened
 from .rows import COLUMN_NAMES, decode_attempt, decode_row
@@ -128,7 +129,8 @@ class MemoryOutbox(StoreBase):
             due = [
                 row
                 for row in self._rows.values()
-                if self._due(row, due_by, now) and mine.admits(row["sender"], row["origin"])
+                if mine.admits(row["sender"], row["origin"])
+                and (self._due(row, due_by, now) or self._orphaned(row, mine))
             ]
             due.sort(key=self._wake_order)
             for row in due[:limit] if limit >= 0 else due:
@@ -144,6 +146,22 @@ class MemoryOutbox(StoreBase):
         sending = row["state"] == State.SENDING.value
         when = row.get("lease_expires_at") if sending else row.get("due_at")
         return (when is not None, 0.0 if when is None else when, row["id"])
+
+    @staticmethod
+    def _orphaned(row: Row, mine: Mine) -> bool:
+        return row["state"] == State.SENDING.value and row.get("lease_owner") in mine.dead
+
+    def _holders(self, now: float, mine: Mine) -> list[str]:
+        with self._lock:
+            return sorted(
+                {
+                    row["lease_owner"]
+                    for row in self._rows.values()
+                    if row["state"] == State.SENDING.value
+                    and (row.get("lease_expires_at") or 0.0) > now
+                    and mine.admits(row["sender"], row["origin"])
+                }
+            )
 
     @staticmethod
     def _due(row: Row, due_by: float, now: float) -> bool:
@@ -200,12 +218,21 @@ class MemoryOutbox(StoreBase):
 
     # -- the Store protocol -----------------------------------------------
 
-    def open_intent(self, new: NewIntent, *, owner: str, now: float, lease_for: float) -> Opened:
+    def open_intent(
+        self,
+        new: NewIntent,
+        *,
+        owner: str,
+        now: float,
+        lease_for: float,
+        alive: Callable[[str], bool] = lease_owner_alive,
+    ) -> Opened:
         lease = Lease(0, self._token(), owner, now + lease_for)
         with self._write():
             found = self._by_reference.get(new.reference)
             if found is not None:
-                opened, changes = decide.reopened(_decode(self._rows[found]), new, lease, now)
+                record = _decode(self._rows[found])
+                opened, changes = decide.reopened(record, new, lease, now, alive)
                 if changes is not None:
                     self._change(found, changes)
                 return opened

@@ -252,6 +252,9 @@ class PostgresStore(SQLStore):
         # hold are skipped below.
         ahead = limit * 2 + 8
         only, params = self._mine(mine)
+        # Leases of owners known gone are due now, though not run out.
+        dead, owners = self._dead(mine)
+        dead_i = dead.replace("lease_owner", "i.lease_owner")
         candidates = [
             row[0]
             for row in conn.execute(
@@ -259,8 +262,9 @@ class PostgresStore(SQLStore):
                     "(SELECT id FROM {intents} WHERE state = 'pending' AND due_at <= ?"
                     f"{only} ORDER BY due_at, id LIMIT ?)"
                     " UNION"
-                    " (SELECT id FROM {intents} WHERE state = 'sending' AND lease_expires_at <= ?"
-                    f"{only} ORDER BY lease_expires_at, id LIMIT ?)"
+                    " (SELECT id FROM {intents} WHERE state = 'sending'"
+                    f" AND (lease_expires_at <= ?{dead}){only}"
+                    " ORDER BY lease_expires_at, id LIMIT ?)"
                     # A clock that went back leaves due times far ahead: pending rows
                     # touched "in the future" are due now (a live lease is never cut short).
                     " UNION"
@@ -270,7 +274,7 @@ class PostgresStore(SQLStore):
                 ),
                 (
                     *(due_by, *params, ahead),
-                    *(due_by, *params, ahead),
+                    *(due_by, *owners, *params, ahead),
                     *(now + CLOCK_TOLERANCE, *params, ahead),
                 ),
             ).fetchall()
@@ -289,14 +293,14 @@ class PostgresStore(SQLStore):
                 # every due row; it filters the rows looked up by key.
                 " WHERE CASE i.state"
                 "  WHEN 'pending' THEN i.due_at <= ? OR i.updated_at > ?"
-                "  WHEN 'sending' THEN i.lease_expires_at <= ?"
+                f"  WHEN 'sending' THEN i.lease_expires_at <= ?{dead_i}"
                 "  ELSE false END"
                 # When each became due: a pending due time, a sending lease expiry.
                 " ORDER BY CASE WHEN i.state = 'sending' THEN i.lease_expires_at"
                 " ELSE i.due_at END, i.id LIMIT ?"
                 " FOR UPDATE OF i SKIP LOCKED"
             ),
-            (candidates, due_by, now + CLOCK_TOLERANCE, due_by, limit),
+            (candidates, due_by, now + CLOCK_TOLERANCE, due_by, *owners, limit),
         ).fetchall()
         return rows
 

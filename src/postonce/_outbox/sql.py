@@ -15,12 +15,13 @@ backend once and caches the result.
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
 from .._exceptions import IntentConflict
 from .._intent import IntentRecord, State
+from .._lease import alive as lease_owner_alive
 from . import decide
 from .base import AttemptRecord, Lease, NewIntent, Opened
 from .rows import COLUMNS, decode_attempt, decode_row
@@ -106,6 +107,22 @@ class SQLStore(StoreBase):
             params += mine.origins
         return text, params
 
+    @staticmethod
+    def _dead(mine: Mine) -> tuple[str, tuple[Any, ...]]:
+        """``OR lease_owner IN (...)``: the sending rows of owners known gone (or nothing)."""
+        if not mine.dead:
+            return "", ()
+        return f" OR lease_owner IN ({', '.join('?' for _ in mine.dead)})", mine.dead
+
+    def _holders(self, now: float, mine: Mine) -> list[str]:
+        only, params = self._mine(mine)
+        rows = self._select(
+            "SELECT DISTINCT lease_owner FROM {intents}"
+            f" WHERE state = 'sending' AND lease_expires_at > ?{only}",
+            (now, *params),
+        )
+        return [str(owner) for (owner,) in rows if owner is not None]
+
     def _select(self, text: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         return self._read(self._sql(text), params)
 
@@ -139,7 +156,15 @@ class SQLStore(StoreBase):
 
     # -- the Store protocol -----------------------------------------------
 
-    def open_intent(self, new: NewIntent, *, owner: str, now: float, lease_for: float) -> Opened:
+    def open_intent(
+        self,
+        new: NewIntent,
+        *,
+        owner: str,
+        now: float,
+        lease_for: float,
+        alive: Callable[[str], bool] = lease_owner_alive,
+    ) -> Opened:
         lease = Lease(0, self._token(), owner, now + lease_for)
         row = decide.insert_row(new, lease, now)
         columns = ", ".join(row)
@@ -159,7 +184,7 @@ class SQLStore(StoreBase):
                 record = self._by_reference(conn, new.reference)
                 if record is None:  # not this reference: the key belongs to another intent
                     raise IntentConflict(decide.KEY_TAKEN, reference=new.reference, key=new.key)
-                opened, changes = decide.reopened(record, new, lease, now)
+                opened, changes = decide.reopened(record, new, lease, now, alive)
                 if changes is not None:
                     self._update(conn, record.id, changes)
                 return opened

@@ -355,13 +355,15 @@ class SQLiteStore(SQLStore):
         only, params = self._mine(mine)
         # (The clock arm reads intents_touched; +sender keeps it off intents_due.)
         late, _ = self._mine(mine, unindexed="+")
+        # Leases of owners known gone are due now, though not run out.
+        dead, owners = self._dead(mine)
         return conn.execute(
             f"SELECT {COLUMNS} FROM intents WHERE id IN ("
             " SELECT id FROM (SELECT id FROM intents"
             f"  WHERE state = 'pending' AND due_at <= ?{only} ORDER BY due_at, id LIMIT ?)"
             " UNION"
             " SELECT id FROM (SELECT id FROM intents"
-            f"  WHERE state = 'sending' AND lease_expires_at <= ?{only}"
+            f"  WHERE state = 'sending' AND (lease_expires_at <= ?{dead}){only}"
             "  ORDER BY lease_expires_at, id LIMIT ?)"
             # A clock that went back leaves due times far ahead: pending rows
             # touched "in the future" are due now (a live lease is never cut short).
@@ -373,7 +375,7 @@ class SQLiteStore(SQLStore):
             f") ORDER BY {WAKE_ORDER} LIMIT ?",
             (
                 *(due_by, *params, limit),
-                *(due_by, *params, limit),
+                *(due_by, *owners, *params, limit),
                 *(now + CLOCK_TOLERANCE, *params, limit),
                 limit,
             ),

@@ -7,6 +7,7 @@ moves change is :mod:`.decide`'s.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Iterator
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._intent import IntentRecord, State, StoredResponse
+from .._lease import alive as lease_owner_alive
 from . import decide
 from .base import AttemptRecord, Lease, Opened
 from .rows import export_rows
@@ -23,10 +25,15 @@ __all__ = ["Mine", "StoreBase", "Take"]
 
 @dataclass(frozen=True, slots=True)
 class Mine:
-    """Which intents a claim may take: one sender's (None: any), to some origins (None: any)."""
+    """Which intents a claim may take: one sender's (None: any), to some origins (None: any).
+
+    ``dead``: owners whose leases have not run out but whose process is gone;
+    their intents are due now.
+    """
 
     sender: str | None
     origins: tuple[str, ...] | None
+    dead: tuple[str, ...] = ()
 
     def admits(self, sender: str | None, origin: str | None) -> bool:
         if self.sender is not None and sender != self.sender:
@@ -53,6 +60,10 @@ class StoreBase(ABC):
         ``mine`` admits are due. Write the changes ``take`` returns for each;
         answer what it handed out.
         """
+
+    @abstractmethod
+    def _holders(self, now: float, mine: Mine) -> list[str]:
+        """The owners of ``mine``'s intents under a lease that has not run out."""
 
     @abstractmethod
     def _unowned(self, previous: str | None) -> list[tuple[int, str, str | None]]:
@@ -112,11 +123,13 @@ class StoreBase(ABC):
         due_by: float | None = None,
         sender: str | None = None,
         origins: Collection[str] | None = None,
+        alive: Callable[[str], bool] = lease_owner_alive,
     ) -> list[Opened]:
         """Atomically lease up to ``limit`` intents that are due and not leased, oldest first.
 
         With ``sender``, only that sender's intents (and with ``origins``, only
         those addressed to one of them): a drain never sends another client's.
+        Intents leased by an owner that ``alive`` says is gone are due at once.
         """
         expires = now + lease_for
         due_by = now if due_by is None else min(due_by, now)
@@ -126,6 +139,9 @@ class StoreBase(ABC):
             return decide.taken(record, lease, now, decide.claim_anchor(record, now))
 
         mine = Mine(sender, None if origins is None else tuple(sorted(origins)))
+        dead = tuple(owner for owner in self._holders(now, mine) if not alive(owner))
+        if dead:
+            mine = dataclasses.replace(mine, dead=dead)
         return self._claim(due_by=due_by, now=now, limit=limit, take=take, mine=mine)
 
     def adopt(
