@@ -47,11 +47,12 @@ from ._observe import (
     StartDetail,
     emit,
 )
-from ._outbox.base import AttemptRecord, Lease, NewIntent
+from ._outbox.base import AttemptRecord, Lease, NewIntent, Opened
 from ._outbox.rows import storable_response
 from ._policy import RetryPolicy
+from ._watch import watched
 from ._wire import parsed_url, wire_headers
-from .providers import Provider
+from .providers import Provider, same_provider
 
 __all__ = [
     "Abandoned",
@@ -202,6 +203,7 @@ def run(sender: Sender, new: NewIntent) -> Generator[Effect, Any, httpx.Response
             raise IntentConflict(
                 f"{opened.conflict}; nothing was sent", reference=record.reference, key=record.key
             )
+        yield from _same_provider(sender, opened, new)
         if opened.lease is not None:
             break
         if record.state in TERMINAL:
@@ -223,8 +225,42 @@ def run(sender: Sender, new: NewIntent) -> Generator[Effect, Any, httpx.Response
 
     return (
         yield from send_claimed(
-            sender, record, opened.lease, opened.anchor_before, ends_at=ends_at, foreground=True
+            sender,
+            record,
+            opened.lease,
+            opened.anchor_before,
+            ends_at=ends_at,
+            foreground=True,
+            key_given=new.key_given,
         )
+    )
+
+
+def _same_provider(sender: Sender, opened: Opened, new: NewIntent) -> Generator[Effect, Any, None]:
+    """Refuse to resume an intent under another provider than the one it was stored under.
+
+    Its key travels where that provider looks, and its horizon is that
+    provider's retention: sent under another, the key may reach a server that
+    never saw it (a second effect), or be retried past what the first keeps.
+    """
+    record = opened.record
+    if same_provider(record.provider, new.provider):
+        return
+    if opened.lease is not None:  # hand the claim back untouched: nothing was sent
+        yield StoreCall(
+            "release",
+            {
+                "lease": opened.lease,
+                "now": sender.clock(),
+                "due_at": record.due_at,
+                "anchor": opened.anchor_before,
+            },
+        )
+    raise IntentConflict(
+        f"it is stored under provider {record.provider!r}, this call uses {new.provider!r}; "
+        "nothing was sent",
+        reference=record.reference,
+        key=record.key,
     )
 
 
@@ -247,6 +283,7 @@ class _Progress:
     in_send: bool = False
     sent_at: float = 0.0
     attempts: int = 0  # the intent's attempt count so far
+    key_given: bool = False  # the caller chose the key: it may be known to the server
     spent: int = 0  # retry-budget tokens this call has taken
 
 
@@ -258,6 +295,7 @@ def send_claimed(
     *,
     ends_at: float | None,
     foreground: bool,
+    key_given: bool = False,
 ) -> Generator[Effect, Any, httpx.Response]:
     """Send an intent whose lease we hold until it is final, deferred, or stopped.
 
@@ -265,7 +303,10 @@ def send_claimed(
     (``foreground=False``) nothing sleeps: every retry becomes a due time.
     """
     progress = _Progress(
-        lease=lease, delivered_maybe=anchor_before is not None, attempts=record.attempts
+        lease=lease,
+        delivered_maybe=anchor_before is not None,
+        attempts=record.attempts,
+        key_given=key_given,
     )
     clock = sender.clock
     observed = bool(sender.hooks)
@@ -461,9 +502,13 @@ def _send_once(
 ) -> Generator[Effect, Any, _Tried]:
     """Send the intent once and say what the attempt tells about delivery."""
     clock = sender.clock
-    request = sender.build_request(
+    built = sender.build_request(
         record.method, wire.url, content=record.body, headers=wire.headers, timeout=sender.timeout
     )
+    request, watch = watched(sender.lib, built, record.body)
+    # Only a key that may have reached the server before (or one the caller
+    # chose, which postonce cannot know to be fresh) can have been reused.
+    key_seen = progress.delivered_maybe or progress.key_given
     sent_at = progress.sent_at = clock()
     response: httpx.Response | None = None
     error: str | None = None
@@ -472,7 +517,7 @@ def _send_once(
     try:
         response = yield Send(request)
     except sender.lib.TransportError as exc:
-        outcome = classify_exception(exc)
+        outcome = classify_exception(exc, body_unread=watch.unread)
         error, cause = type(exc).__name__, exc
     except Exception as exc:
         # Not a transport failure (an event hook, a broken transport): the
@@ -482,7 +527,11 @@ def _send_once(
         raise
     else:
         outcome = classify_response(
-            response.status_code, response.headers, response.content, sender.provider
+            response.status_code,
+            response.headers,
+            response.content,
+            sender.provider,
+            key_seen=key_seen,
         )
     progress.in_send = False
     duration = clock() - sent_at
