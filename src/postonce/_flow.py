@@ -314,7 +314,7 @@ def send_claimed(
         emit(
             sender.hooks,
             StartDetail(
-                record.reference, record.key, record.provider, record.attempts, not foreground
+                record.reference, record.key, sender.provider.name, record.attempts, not foreground
             ),
         )
     state: State | None = None
@@ -342,7 +342,7 @@ def send_claimed(
                     state,
                     progress.attempts,
                     error,
-                    record.provider,
+                    sender.provider.name,  # the name, not the stored identity: a stable label
                     not foreground,
                 ),
             )
