@@ -208,6 +208,7 @@ class IntentMachine(RuleBasedStateMachine):
         # The model.
         self.key: str | None = None
         self.anchor: float | None = None  # first send that may have been delivered
+        self.claim_died = False  # a holder was killed under a claim: the key may be known
         self.terminal: State | None = None
         self.mismatch_recorded = False
         self.holder: tuple[str, float] | None = None  # the last lease seen: owner, expiry
@@ -319,10 +320,11 @@ class IntentMachine(RuleBasedStateMachine):
             answer = Answer("201")  # end a runaway loop; the violation is recorded
         self.call.served.append(answer)
         # A key-reuse answer is believed only for a key the server may have seen.
-        self.call.seen = self.anchor is not None
+        self.call.seen = self.anchor is not None or self.claim_died
         self.call.mismatch_answered |= answer.kind == "422" and self.call.seen
-        if answer.kind == "connect":
+        if answer.kind == "connect":  # refused before the body was taken: provably not sent
             raise httpx.ConnectError("connection refused", request=request)
+        request.read()  # every other answer means the server got the whole request
         self._maybe_delivered(sent_at)
         if answer.kind == "timeout":
             raise httpx.ReadTimeout("no answer", request=request)
@@ -368,6 +370,10 @@ class IntentMachine(RuleBasedStateMachine):
                 if crash.kind == "kill":
                     if isinstance(effect, Send):
                         self._lost_send(effect.request)
+                    # A holder killed under its claim may have sent: the store anchored
+                    # the claim, and postonce must take the key as possibly seen.
+                    row = self._row()
+                    self.claim_died |= row is not None and row.first_delivery_at is not None
                     return "killed", None  # no clean-up at all; the lease must expire
                 if not isinstance(effect, StoreCall):
                     if isinstance(effect, Send):
