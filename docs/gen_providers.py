@@ -57,7 +57,30 @@ ACTIONS: Mapping[Outcome, str] = {
 #: The key shown in examples (postonce mints a fresh UUIDv4 per intent).
 EXAMPLE_KEY = "8e03978e-40d5-43e8-bc93-6894a57f9324"
 #: Profile fields whose source note is shown beside the value rather than in the notes.
-_INLINE_NOTES = frozenset({"retention", "replays_5xx"})
+_INLINE_NOTES = frozenset({"retention", "server_errors", "mismatch"})
+
+#: What each 5xx rule (``Provider.server_errors``) says, and what postonce does with it.
+SERVER_ERRORS: Mapping[str, str] = {
+    "retry": "the provider says to retry a 5xx with the same key: **retryable**",
+    "not_stored": (
+        "the provider stores only successes, so a 5xx leaves nothing behind the key and "
+        "the same key is executed again: **retryable**"
+    ),
+    "replayed": (
+        "the provider stores a 5xx produced while executing and replays it: **retryable** "
+        "(the first 5xx may be a proxy's, or its result indeterminate) until an answer "
+        "carries the replay marker; that one is the answer stored for the key: **final**"
+    ),
+    "hint": (
+        "the provider says to retry only when its retry hint header says `true`: a 5xx "
+        "without it is **final**"
+    ),
+    "undocumented": (
+        "not documented: **retryable**, the safe reading (the same key again can only be "
+        "deduplicated or answered alike; a 5xx handed to the caller invites a retry with "
+        "a new key, and a second charge)"
+    ),
+}
 
 _SUCCESS = "`2xx`"
 _SUCCESS_ACTION = (
@@ -175,6 +198,8 @@ def _body(code: str | None) -> bytes:
 
 def _rule_label(rule: StatusRule, shadowed: bool) -> str:
     status = f"`{rule.status}`" if rule.status is not None else "any 4xx or 5xx"
+    if rule.content_type is not None:
+        status += f" as `{rule.content_type}`"
     if rule.code is not None:
         return f"{status} with the error code `{rule.code}` in the body"
     return f"{status} (any other body)" if shadowed else status
@@ -186,11 +211,16 @@ def answer_rows(provider: Provider) -> list[tuple[str, Outcome]]:
     coded: set[int | None] = set()
     for rule in (*provider.mismatch, *provider.in_flight):
         status = rule.status if rule.status is not None else 400
-        outcome = classify_response(status, {}, _body(rule.code), provider)
+        media = {"content-type": rule.content_type} if rule.content_type is not None else {}
+        outcome = classify_response(status, media, _body(rule.code), provider)
         rows.append((_rule_label(rule, shadowed=rule.status in coded), outcome))
-        if rule.code is not None:
+        if rule.code is not None or rule.content_type is not None:
             coded.add(rule.status)
-    plain = {r.status for r in (*provider.mismatch, *provider.in_flight) if r.code is None}
+    plain = {
+        r.status
+        for r in (*provider.mismatch, *provider.in_flight)
+        if r.code is None and r.content_type is None
+    }
     for status in (400, 409, 422):
         if status not in plain:
             other = status in coded or None in coded
@@ -206,6 +236,14 @@ def answer_rows(provider: Provider) -> list[tuple[str, Outcome]]:
     if 500 not in plain and 500 not in provider.retryable_statuses:
         label = "any other `500`" if 500 in coded or None in coded else "`500`"
         rows.append((label, classify_response(500, {}, _body(None), provider)))
+        if provider.server_errors == "replayed" and provider.replay_headers:
+            marked = {provider.replay_headers[0]: "true"}
+            rows.append(
+                (
+                    f"`500` with `{provider.replay_headers[0]}: true`",
+                    classify_response(500, marked, _body(None), provider),
+                )
+            )
     return rows
 
 
@@ -344,27 +382,37 @@ def render(provider: Provider, policy: RetryPolicy | None = None) -> str:
         if label == _SUCCESS and outcome is Outcome.FINAL:
             action = _SUCCESS_ACTION
         out.append(f"| {label} | {action} |")
+    out += ["", "### Key reuse", ""]
     if not p.mismatch:
         out += [
-            "",
             "This profile names no key-reuse answer: the provider documents none that "
             "postonce can tell apart, so such an answer is taken as final.",
         ]
+    else:
+        shapes = "; ".join(_rule_label(r, False) for r in p.mismatch)
+        out += [
+            f"Matched: {shapes}"
+            + (f" — {notes.fields['mismatch']}" if "mismatch" in notes.fields else "")
+            + ". It is believed only when this key may have reached the server before "
+            "(an earlier attempt was ambiguous or answered): to the first send of a fresh "
+            "key the same answer is an ordinary **final answer**, returned as the "
+            "`httpx.Response`.",
+        ]
     out += [
         "",
-        "A send that gets no answer is classified without the profile: a connect error "
-        "or connect/pool timeout is `not_sent` (retried; the horizon has not started), "
-        "anything else after the request may have been written is `ambiguous` (retried "
-        "with the same key until the horizon). See [ambiguity](../ambiguity.md).",
+        "### No answer",
+        "",
+        "A send that gets no answer is `not_sent` only when postonce can show the request "
+        "never left the process: the transport never read its (non-empty) body, or httpx's "
+        "own connection layer (httpcore) failed before writing it. Anything else, such as "
+        "a connection dropped after the request was sent, on any transport, is "
+        "`ambiguous`: retried with the same key until the horizon, never cancelled. See "
+        "[ambiguity](../ambiguity.md).",
         "",
     ]
 
-    # 5xx replays, replay marker, retry hint
-    replays = {
-        True: "yes: a retry with the same key gets the stored 5xx answer back",
-        False: "no: only successes are stored; a retry after a 5xx is executed again",
-        None: "not documented",
-    }[p.replays_5xx]
+    # 5xx rule, replay marker, retry hint
+    server_errors = SERVER_ERRORS[p.server_errors]
     replay_marker = (
         " or ".join(f"`{h}: true`" for h in p.replay_headers)
         + ' (`response.extensions["postonce"].replayed` is then `True`)'
@@ -378,12 +426,12 @@ def render(provider: Provider, policy: RetryPolicy | None = None) -> str:
         else "none"
     )
     out += [
-        "## Replays and retry hints",
+        "## 5xx answers, replays and retry hints",
         "",
         "| fact | value |",
         "| --- | --- |",
-        f"| the provider replays 5xx answers | {replays}"
-        + (f" \u2014 {notes.fields['replays_5xx']}" if "replays_5xx" in notes.fields else "")
+        f'| a 5xx (`server_errors="{p.server_errors}"`) | {server_errors}'
+        + (f" \u2014 {notes.fields['server_errors']}" if "server_errors" in notes.fields else "")
         + " |",
         f"| replay marker | {replay_marker} |",
         f"| retry hint header | {hint} |",
@@ -415,8 +463,8 @@ def render_index(providers: Mapping[str, Provider], policy: RetryPolicy | None =
         f"Horizons are for the default `horizon_margin={policy.horizon_margin:g}`.",
         "",
         "| profile | key in | max length | retention | horizon | in flight | key reuse "
-        "| replay marker |",
-        "| --- | --- | ---: | --- | --- | --- | --- | --- |",
+        "| 5xx rule | replay marker |",
+        "| --- | --- | ---: | --- | --- | --- | --- | --- | --- |",
     ]
     for name in sorted(providers):
         p = providers[name]
@@ -428,7 +476,7 @@ def render_index(providers: Mapping[str, Provider], policy: RetryPolicy | None =
             f"| [`{name}`]({name}.md) | {where} `{p.key_field}` | {p.key_max_length} "
             f"| {duration(p.retention.total_seconds())} "
             f"| {duration(horizon(p, policy).total_seconds())} "
-            f"| {in_flight} | {mismatch} | {replay} |"
+            f"| {in_flight} | {mismatch} | `{p.server_errors}` | {replay} |"
         )
     out.append("")
     return "\n".join(out)

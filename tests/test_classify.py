@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import httpcore
 import httpx
 import pytest
 
@@ -12,48 +13,105 @@ from postonce.providers import BUILTIN_PROVIDERS
 REQUEST = httpx.Request("POST", "http://x")
 
 
+def _from(exc: Exception, cause: BaseException) -> Exception:
+    """``exc`` raised from ``cause``, as httpx's transport raises it from httpcore's."""
+    exc.__cause__ = cause
+    return exc
+
+
+def _aiohttp_drop() -> Exception:
+    """What httpx-aiohttp raises when the server drops the connection after executing."""
+    import aiohttp
+
+    cause = aiohttp.ServerDisconnectedError()
+    return _from(httpx.ConnectTimeout(str(cause), request=REQUEST), cause)
+
+
+def _httpx2(name: str) -> Exception:
+    import httpcore2
+    import httpx2
+
+    cause = getattr(httpcore2, name)("refused")
+    return _from(getattr(httpx2, name)("refused"), cause)
+
+
 @pytest.mark.parametrize(
-    ("exc", "expected"),
+    ("exc", "body_unread", "expected"),
     [
+        # Provable by origin: httpx's transport maps httpcore's pre-write failures.
         pytest.param(
-            httpx.ConnectError("refused", request=REQUEST), Outcome.NOT_SENT, id="ConnectError"
-        ),
-        pytest.param(
-            httpx.ConnectTimeout("slow", request=REQUEST), Outcome.NOT_SENT, id="ConnectTimeout"
-        ),
-        pytest.param(
-            httpx.PoolTimeout("full", request=REQUEST), Outcome.NOT_SENT, id="PoolTimeout"
-        ),
-        pytest.param(
-            httpx.UnsupportedProtocol("ftp", request=REQUEST),
+            _from(httpx.ConnectError("refused"), httpcore.ConnectError("refused")),
+            False,
             Outcome.NOT_SENT,
-            id="UnsupportedProtocol",
+            id="httpcore-ConnectError",
         ),
         pytest.param(
-            httpx.ReadTimeout("slow", request=REQUEST), Outcome.AMBIGUOUS, id="ReadTimeout"
+            _from(httpx.ConnectTimeout("slow"), httpcore.ConnectTimeout("slow")),
+            False,
+            Outcome.NOT_SENT,
+            id="httpcore-ConnectTimeout",
         ),
         pytest.param(
-            httpx.WriteTimeout("slow", request=REQUEST), Outcome.AMBIGUOUS, id="WriteTimeout"
+            _from(httpx.PoolTimeout("full"), httpcore.PoolTimeout("full")),
+            False,
+            Outcome.NOT_SENT,
+            id="httpcore-PoolTimeout",
         ),
-        pytest.param(httpx.ReadError("reset", request=REQUEST), Outcome.AMBIGUOUS, id="ReadError"),
         pytest.param(
-            httpx.WriteError("broken", request=REQUEST), Outcome.AMBIGUOUS, id="WriteError"
+            _from(httpx.UnsupportedProtocol("ftp"), httpcore.UnsupportedProtocol("ftp")),
+            False,
+            Outcome.NOT_SENT,
+            id="httpcore-UnsupportedProtocol",
+        ),
+        # The same types from anywhere else prove nothing once the body was read.
+        pytest.param(
+            httpx.ConnectError("refused", request=REQUEST),
+            False,
+            Outcome.AMBIGUOUS,
+            id="ConnectError-no-httpcore-cause",
+        ),
+        pytest.param(
+            _aiohttp_drop(), False, Outcome.AMBIGUOUS, id="aiohttp-drop-as-ConnectTimeout"
+        ),
+        pytest.param(_httpx2("ConnectError"), False, Outcome.AMBIGUOUS, id="httpx2-ConnectError"),
+        pytest.param(
+            _from(httpx.ConnectError("x"), httpcore.ReadError("x")),
+            False,
+            Outcome.AMBIGUOUS,
+            id="ConnectError-from-httpcore-ReadError",
+        ),
+        pytest.param(
+            _from(httpx.ReadError("x"), httpcore.ReadError("x")),
+            False,
+            Outcome.AMBIGUOUS,
+            id="httpcore-ReadError",
+        ),
+        # Provable by the watch: a body never read was never sent, whatever was raised.
+        pytest.param(_aiohttp_drop(), True, Outcome.NOT_SENT, id="aiohttp-body-unread"),
+        pytest.param(_httpx2("ConnectError"), True, Outcome.NOT_SENT, id="httpx2-body-unread"),
+        pytest.param(RuntimeError("boom"), True, Outcome.NOT_SENT, id="custom-body-unread"),
+        pytest.param(
+            httpx.ReadTimeout("slow", request=REQUEST), False, Outcome.AMBIGUOUS, id="ReadTimeout"
+        ),
+        pytest.param(
+            httpx.WriteTimeout("slow", request=REQUEST), False, Outcome.AMBIGUOUS, id="WriteTimeout"
         ),
         pytest.param(
             httpx.RemoteProtocolError("eof", request=REQUEST),
+            False,
             Outcome.AMBIGUOUS,
             id="RemoteProtocolError",
         ),
         pytest.param(
-            httpx.ProxyError("proxy", request=REQUEST), Outcome.AMBIGUOUS, id="ProxyError"
+            httpx.ProxyError("proxy", request=REQUEST), False, Outcome.AMBIGUOUS, id="ProxyError"
         ),
-        pytest.param(RuntimeError("boom"), Outcome.AMBIGUOUS, id="RuntimeError"),
-        pytest.param(OSError("io"), Outcome.AMBIGUOUS, id="OSError"),
+        pytest.param(RuntimeError("boom"), False, Outcome.AMBIGUOUS, id="RuntimeError"),
+        pytest.param(OSError("io"), False, Outcome.AMBIGUOUS, id="OSError"),
     ],
 )
-def test_classify_exception(exc: BaseException, expected: Outcome) -> None:
-    """Only failures before a connection are NOT_SENT; anything else is AMBIGUOUS."""
-    assert classify_exception(exc) is expected
+def test_classify_exception(exc: BaseException, body_unread: bool, expected: Outcome) -> None:
+    """NOT_SENT only when provable (body never read, or httpcore failed before writing)."""
+    assert classify_exception(exc, body_unread=body_unread) is expected
 
 
 IDEMPOTENCY_ERROR = b'{"error":{"type":"idempotency_error","message":"Keys for idempotent..."}}'
@@ -91,7 +149,15 @@ AWS_OTHER = AWS_MISMATCH.replace(b"IdempotentParameterMismatch", b"InvalidParame
         pytest.param("stripe", 502, {}, b"", Outcome.RETRYABLE, id="stripe-502"),
         pytest.param("stripe", 503, {}, b"", Outcome.RETRYABLE, id="stripe-503"),
         pytest.param("stripe", 504, {}, b"", Outcome.RETRYABLE, id="stripe-504"),
-        pytest.param("stripe", 500, {}, b"", Outcome.FINAL, id="stripe-500"),
+        pytest.param("stripe", 500, {}, b"", Outcome.RETRYABLE, id="stripe-500-indeterminate"),
+        pytest.param(
+            "stripe",
+            500,
+            {"Idempotent-Replayed": "true"},
+            b"",
+            Outcome.FINAL,
+            id="stripe-500-replayed",
+        ),
         pytest.param("stripe", 201, {}, b'{"id":"ch_1"}', Outcome.FINAL, id="stripe-201"),
         pytest.param(
             "stripe", 200, {}, IDEMPOTENCY_ERROR, Outcome.FINAL, id="stripe-200-code-ignored"
@@ -252,9 +318,26 @@ AWS_OTHER = AWS_MISMATCH.replace(b"IdempotentParameterMismatch", b"InvalidParame
             Outcome.IN_PROGRESS,
             id="razorpay-500-in-use",
         ),
-        pytest.param("razorpay_payouts", 500, {}, b"{}", Outcome.FINAL, id="razorpay-500-other"),
+        pytest.param(
+            "razorpay_payouts", 500, {}, b"{}", Outcome.RETRYABLE, id="razorpay-500-other"
+        ),
         # IETF draft
-        pytest.param("ietf_draft", 422, {}, b"", Outcome.MISMATCH, id="ietf-422"),
+        pytest.param(
+            "ietf_draft",
+            422,
+            {"Content-Type": "application/problem+json"},
+            b"{}",
+            Outcome.MISMATCH,
+            id="ietf-422-problem",
+        ),
+        pytest.param(
+            "ietf_draft",
+            422,
+            {"Content-Type": "application/json"},
+            b"{}",
+            Outcome.FINAL,
+            id="ietf-422-plain-validation",
+        ),
         pytest.param("ietf_draft", 409, {}, b"", Outcome.IN_PROGRESS, id="ietf-409"),
         pytest.param("ietf_draft", 400, {}, b"", Outcome.FINAL, id="ietf-400"),
     ],
@@ -321,3 +404,100 @@ def test_classify_response_survives_deeply_nested_body() -> None:
 def test_is_replay(provider: str, headers: dict[str, str], expected: bool) -> None:
     """Only the provider's replay headers saying true mark a replay."""
     assert is_replay(httpx.Headers(headers), BUILTIN_PROVIDERS[provider]) is expected
+
+
+PROBLEM = {"Content-Type": "application/problem+json; charset=utf-8"}
+
+
+@pytest.mark.parametrize(
+    ("provider", "status", "headers", "body", "fresh"),
+    [
+        pytest.param("ietf_draft", 422, PROBLEM, b"{}", Outcome.FINAL, id="ietf-422-problem"),
+        pytest.param(
+            "stripe", 400, {}, IDEMPOTENCY_ERROR, Outcome.FINAL, id="stripe-400-idempotency_error"
+        ),
+        pytest.param(
+            "square",
+            400,
+            {},
+            b'{"errors":[{"code":"IDEMPOTENCY_KEY_REUSED"}]}',
+            Outcome.FINAL,
+            id="square",
+        ),
+        pytest.param(
+            "increase",
+            409,
+            {},
+            b'{"type":"idempotency_key_already_used_error"}',
+            Outcome.IN_PROGRESS,  # its reuse status is also its in-flight status
+            id="increase",
+        ),
+    ],
+)
+def test_key_reuse_needs_a_key_the_server_may_have_seen(
+    provider: str, status: int, headers: dict[str, str], body: bytes, fresh: Outcome
+) -> None:
+    """Key reuse is MISMATCH after a possible delivery, an ordinary answer to a first send."""
+    profile = BUILTIN_PROVIDERS[provider]
+    seen = classify_response(status, httpx.Headers(headers), body, profile, key_seen=True)
+    first = classify_response(status, httpx.Headers(headers), body, profile, key_seen=False)
+    assert (seen, first) == (Outcome.MISMATCH, fresh)
+
+
+#: The published table: each profile's reading of the answers the issue names, with the
+#: key already seen by the server (a retry). "500r": a 500 marked as a replay.
+MATRIX: dict[str, dict[str, Outcome]] = {}
+R, F, M, W = Outcome.RETRYABLE, Outcome.FINAL, Outcome.MISMATCH, Outcome.IN_PROGRESS
+_COLUMNS = ("409", "422", "400+code", "429", "500", "500r", "502", "503", "504")
+for _name, _row in {
+    "stripe": (W, F, M, R, R, F, R, R, R),
+    "adyen": (W, F, F, R, F, F, R, R, R),
+    "checkout": (W, F, F, R, R, R, R, R, R),
+    "mollie": (W, F, F, R, R, R, R, R, R),
+    "modern_treasury": (W, F, F, R, R, R, R, R, R),
+    "increase": (W, F, F, R, R, R, R, R, R),
+    "lithic": (W, F, F, R, R, F, R, R, R),
+    "paypal_orders": (W, F, F, R, R, R, R, R, R),
+    "razorpay_payouts": (W, F, F, R, R, R, R, R, R),
+    "square": (W, F, M, R, R, R, R, R, R),
+    "aws_client_token": (W, F, M, R, R, R, R, R, R),
+    "google_request_id": (W, F, F, R, R, R, R, R, R),
+    "ietf_draft": (W, M, F, R, R, F, R, R, R),
+}.items():
+    MATRIX[_name] = dict(zip(_COLUMNS, _row, strict=True))
+
+#: The body each profile's own key-reuse (or in-flight) answer carries.
+_CODES = {
+    "stripe": b'{"error":{"type":"idempotency_error"}}',
+    "adyen": b'{"errorCode":"704"}',
+    "increase": b'{"type":"idempotency_key_already_used_error"}',
+    "square": b'{"errors":[{"code":"IDEMPOTENCY_KEY_REUSED"}]}',
+    "aws_client_token": b'{"__type":"IdempotentParameterMismatch"}',
+}
+
+
+def _answer(provider: str, column: str) -> tuple[int, dict[str, str], bytes]:
+    body = _CODES.get(provider, b'{"code":"some_error"}')
+    if column == "400+code":
+        return 400, {}, body
+    if column == "500r":
+        return 500, {"Idempotent-Replayed": "true"}, b"{}"
+    if column in ("409", "422"):  # a generic error body, in the draft's problem shape
+        return int(column), PROBLEM, b'{"code":"some_error"}'
+    return int(column), {}, b"{}"
+
+
+@pytest.mark.parametrize("provider", sorted(MATRIX))
+def test_profile_by_answer_matrix(provider: str) -> None:
+    """Each profile reads 409/422/400+code/429/5xx (to a seen key) as the published table says."""
+    profile = BUILTIN_PROVIDERS[provider]
+    got = {
+        column: classify_response(
+            *_answer(provider, column)[:1],
+            httpx.Headers(_answer(provider, column)[1]),
+            _answer(provider, column)[2],
+            profile,
+        )
+        for column in _COLUMNS
+    }
+    assert got == MATRIX[provider]

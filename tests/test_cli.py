@@ -19,6 +19,7 @@ from postonce import SQLiteStore, State
 from postonce._cli import main, parse_duration
 from postonce._outbox.base import NewIntent
 from tests.conftest import FAST, LoopbackServer, drain_env
+from tests.unread_transport import UnreadMock
 
 ROOT = Path(__file__).resolve().parent.parent
 ONE = FAST.model_copy(update={"attempts": 1})
@@ -39,7 +40,7 @@ def seeded_outbox(path: Path) -> None:
         return next(answers)
 
     with postonce.Client(
-        "http://api.test", outbox=path, retry=ONE, transport=httpx.MockTransport(handler)
+        "http://api.test", outbox=path, retry=ONE, transport=UnreadMock(handler)
     ) as client:
         client.post_once("/ok", json={"a": 1}, intent="done")
         for path_, ref in (("/p", "maybe"), ("/never", "never")):

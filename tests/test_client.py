@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -53,6 +54,13 @@ def read_timeout(request: httpx.Request) -> httpx.Response:
 
 def connect_error(request: httpx.Request) -> httpx.Response:
     raise httpx.ConnectError("refused", request=request)
+
+
+def dead_url() -> str:
+    """A loopback URL nobody listens on: a real refused connection, provably not sent."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
 
 
 def only_record(client: postonce.Client) -> postonce.IntentRecord:
@@ -264,24 +272,39 @@ def test_final_4xx_is_returned_and_stored(make_client: ClientFactory) -> None:
 
 
 def test_mismatch_raises_and_is_never_retried(make_client: ClientFactory) -> None:
-    """The profile's key-reuse answer raises IdempotencyKeyMismatch, also on the next call."""
-    rec = Recorder(httpx.Response(422, json={"type": "reused"}))
+    """The profile's key-reuse answer to a seen key raises IdempotencyKeyMismatch, also later."""
+    problem = {"Content-Type": "application/problem+json"}
+    rec = Recorder(httpx.Response(503), httpx.Response(422, json={}, headers=problem))
     client = make_client(transport=rec.transport)
     with pytest.raises(postonce.IdempotencyKeyMismatch) as exc:
         client.post_once("/c", json={}, intent="o-13")
-    assert len(rec.requests) == 1
+    assert len(rec.requests) == 2
     assert isinstance(exc.value.response, Response)
     assert exc.value.response.status_code == 422
     with pytest.raises(postonce.IdempotencyKeyMismatch):
         client.post_once("/c", json={}, intent="o-13")
-    assert len(rec.requests) == 1
+    assert len(rec.requests) == 2
+
+
+@pytest.mark.parametrize(
+    "content_type", ["application/problem+json", "application/json"], ids=["problem", "plain"]
+)
+def test_first_send_422_is_an_answer(make_client: ClientFactory, content_type: str) -> None:
+    """A 422 to the first send of a fresh key is the caller's final answer, not a mismatch."""
+    rec = Recorder(httpx.Response(422, json={}, headers={"Content-Type": content_type}))
+    client = make_client(transport=rec.transport)
+    response = client.post_once("/c", json={}, intent="o-13b")
+    assert response.status_code == 422
+    assert client.outbox.attempts("o-13b")[0].outcome is Outcome.FINAL
+    assert only_record(client).state is State.FAILED
 
 
 def test_stripe_mismatch_is_400_idempotency_error(make_client: ClientFactory) -> None:
     """Under the stripe profile, 400 idempotency_error is a mismatch, other 400s are answers."""
     mismatch = httpx.Response(400, json={"error": {"type": "idempotency_error"}})
     invalid = httpx.Response(400, json={"error": {"type": "invalid_request_error"}})
-    client = make_client(provider="stripe", transport=Recorder(mismatch, invalid).transport)
+    lost = httpx.Response(503)  # the first attempt reached the server: its key is known there
+    client = make_client(provider="stripe", transport=Recorder(lost, mismatch, invalid).transport)
     with pytest.raises(postonce.IdempotencyKeyMismatch):
         client.post_once("/c", json={}, intent="o-14")
     assert client.post_once("/c", json={}, intent="o-15").status_code == 400
@@ -400,9 +423,8 @@ def test_expired_horizon_is_checked_before_a_resumed_send(make_client: ClientFac
 
 
 def test_never_sent_intents_do_not_start_the_horizon(make_client: ClientFactory) -> None:
-    """Connect errors only: the horizon has not started, the intent stays pending."""
-    rec = Recorder(connect_error)
-    client = make_client(provider=short_memory(0.2), transport=rec.transport)
+    """Refused connections only: the horizon has not started, the intent stays pending."""
+    client = make_client(dead_url(), provider=short_memory(0.2))
     with pytest.raises(postonce.IntentPending):
         client.post_once("/c", json={}, intent="o-24")
     row = only_record(client)
@@ -413,8 +435,7 @@ def test_never_sent_intents_do_not_start_the_horizon(make_client: ClientFactory)
 
 def test_deadline_stops_a_never_sent_intent(make_client: ClientFactory) -> None:
     """deadline= cancels an intent that was never delivered once it passes."""
-    rec = Recorder(connect_error)
-    client = make_client(transport=rec.transport, retry=FAST.model_copy(update={"attempts": 1000}))
+    client = make_client(dead_url(), retry=FAST.model_copy(update={"attempts": 1000}))
     with pytest.raises(postonce.IntentCancelled):
         client.post_once("/c", json={}, intent="o-25", deadline=timedelta(seconds=0.1))
     record = client.lookup("o-25")

@@ -17,6 +17,7 @@ from postonce._intent import IllegalMove
 from postonce._outbox.base import NewIntent
 from postonce._outbox.locate import open_store
 from tests.conftest import FAST, ClientFactory, LoopbackServer
+from tests.unread_transport import UnreadMock
 
 ONE = FAST.model_copy(update={"attempts": 1})
 
@@ -206,7 +207,7 @@ def connect_error(request: httpx.Request) -> httpx.Response:
 
 def test_operator_cancel_only_when_never_delivered(make_client: ClientFactory) -> None:
     """Cancel works on a never-delivered intent; on a maybe-delivered one it says why not."""
-    client = make_client(transport=httpx.MockTransport(connect_error))
+    client = make_client(transport=UnreadMock(connect_error))
     with pytest.raises(postonce.IntentPending):
         client.post_once("/c", json={}, intent="never", retry=ONE)
     store = client.outbox

@@ -52,15 +52,19 @@ def test_gateway_503_with_retry_after_then_success(
     assert len(server.effects_for(key)) == 1
 
 
-def test_stored_500_is_a_final_answer(server: LoopbackServer, make_client: ClientFactory) -> None:
-    """A 500 the server executed and stored is the intent's answer, not retried."""
+def test_stored_500_is_final_once_replayed(
+    server: LoopbackServer, make_client: ClientFactory
+) -> None:
+    """Stripe: a bare 500 is indeterminate (retried, same key); the replayed 500 is final."""
     client = make_client(server.base_url, provider="stripe")
     response = client.post_once(
         "/stripe/v1/charges", json={"amount": 1, "_test": {"status": 500}}, intent="s-500"
     )
     assert response.status_code == 500
+    assert response.extensions["postonce"].replayed is True
     key = response.extensions["postonce"].key
-    assert len(server.requests_for(key)) == 1
+    assert len(server.requests_for(key)) == 2
+    assert len(server.effects_for(key)) == 1
     record = client.lookup("s-500")
     assert record is not None
     assert record.state is State.FAILED

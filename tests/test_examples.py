@@ -35,8 +35,9 @@ IGNORES_THE_PROFILE = """
 import postonce._flow as flow
 from postonce import BUILTIN_PROVIDERS
 real = flow.classify_response
-flow.classify_response = lambda status, headers, body, provider: real(
-    status, headers, body, BUILTIN_PROVIDERS["ietf_draft"]
+generic = BUILTIN_PROVIDERS["ietf_draft"].model_copy(update={"in_flight": ()})
+flow.classify_response = lambda status, headers, body, provider, **kw: real(
+    status, headers, body, generic, **kw
 )
 """
 BREAKAGE = {

@@ -244,14 +244,21 @@ def test_clock_jumping_back_fires_never_sent_intents(make_client: ClientFactory)
     sent: list[httpx.Request] = []
     answers: list[httpx.Response | Exception] = [httpx.ConnectError("refused"), httpx.Response(201)]
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        sent.append(request)
-        answer = answers.pop(0)
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
+    class Scripted(httpx.BaseTransport, httpx.AsyncBaseTransport):
+        """Raises without reading the body (nothing can have been sent), else answers."""
 
-    client = make_client(clock=clock, transport=httpx.MockTransport(handler))
+        def handle_request(self, request: httpx.Request) -> httpx.Response:
+            sent.append(request)
+            answer = answers.pop(0)
+            if isinstance(answer, Exception):
+                raise answer
+            request.read()
+            return answer
+
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            return self.handle_request(request)
+
+    client = make_client(clock=clock, transport=Scripted())
     with pytest.raises(postonce.IntentPending):
         client.post_once(
             "/c", json={}, intent="never", retry=FAST.model_copy(update={"attempts": 1})

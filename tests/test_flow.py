@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import httpx
 import pytest
 
-from postonce import RetryPolicy, State, get_provider
-from postonce._flow import Sender, Sleep, StoreCall, run
+from postonce import Outcome, RetryPolicy, State, get_provider
+from postonce._flow import Send, Sender, Sleep, StoreCall, run
 from postonce._intent import IntentRecord
-from postonce._outbox.base import NewIntent, Opened
+from postonce._outbox.base import Lease, NewIntent, Opened
 
 NEW = NewIntent(
     reference="o-1", key="k-1", key_given=False, provider="ietf_draft", method="POST",
@@ -27,6 +28,18 @@ def held_by_another(now: float, lease_until: float) -> Opened:
         lease_expires_at=lease_until, response=None, note=None,
     )  # fmt: skip
     return Opened(record, None, created=False, conflict=None, anchor_before=now)
+
+
+def stored_under(provider: str, now: float) -> Opened:
+    """A pending intent stored under ``provider``, just claimed by this caller."""
+    record = IntentRecord(
+        id=1, reference="o-1", key="k-1", provider=provider, method="POST",
+        url="https://api.test/c", headers=(), body=b"{}", fingerprint="f",
+        state=State.SENDING, created_at=now, first_delivery_at=now, due_at=None,
+        deadline_at=None, attempts=1, last_outcome=None, lease_owner="me",
+        lease_expires_at=now + 120, response=None, note=None,
+    )  # fmt: skip
+    return Opened(record, Lease(1, "t", "me", now + 120), False, None, anchor_before=now)
 
 
 def sender(policy: RetryPolicy, clock: Any) -> Sender:
@@ -65,3 +78,30 @@ def test_waiting_on_another_sender_polls_soon_then_backs_off(
         waits.append(effect.seconds)
         effect = flow.send(None)
     assert waits == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("transport_reads", "expected"),
+    [
+        pytest.param(lambda r: None, Outcome.NOT_SENT, id="body-never-read"),
+        pytest.param(lambda r: r.read(), Outcome.AMBIGUOUS, id="read"),
+        pytest.param(lambda r: r.content, Outcome.AMBIGUOUS, id="content-taken"),
+        pytest.param(lambda r: list(r.stream), Outcome.AMBIGUOUS, id="stream-iterated"),
+    ],
+)
+def test_not_sent_only_when_the_body_was_never_read(
+    transport_reads: Any, expected: Outcome
+) -> None:
+    """The same ConnectTimeout is NOT_SENT only if the transport never took the body."""
+    now = 1000.0
+    flow = run(sender(RetryPolicy(attempts=1), lambda: now), NEW)
+    next(flow)
+    fresh = stored_under("ietf_draft", now)
+    fresh = replace(fresh, record=replace(fresh.record, first_delivery_at=None))
+    effect = flow.send(replace(fresh, anchor_before=None))
+    assert isinstance(effect, Send)
+    transport_reads(effect.request)
+    effect = flow.throw(httpx.ConnectTimeout("mapped by some transport"))
+    assert isinstance(effect, StoreCall)
+    assert effect.method == "record"
+    assert effect.kwargs["attempt"].outcome is expected

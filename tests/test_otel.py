@@ -7,6 +7,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -241,12 +242,19 @@ def test_a_spent_retry_budget_gives_up_with_its_reason(
     }
 
 
+#: A profile whose 422 means "key reused", whatever the body's media type.
+REUSE = postonce.Provider(
+    name="reuse", retention=timedelta(hours=24), mismatch=(postonce.StatusRule(status=422),)
+)
+
+
 def test_a_mismatch_is_an_error(outbox_path: Path, telemetry: Telemetry) -> None:
     with (
-        client(outbox_path, Script(422), telemetry.hooks) as c,
+        client(outbox_path, Script(422), telemetry.hooks, provider=REUSE) as c,
         pytest.raises(postonce.IdempotencyKeyMismatch),
     ):
-        c.post_once("https://api.test/c", json={}, intent="m-1")
+        # A key the caller chose may be known to the server: its reuse answer is believed.
+        c.post_once("https://api.test/c", json={}, intent="m-1", key="otel-key-0001")
     span = telemetry.only_span()
     assert span.status.status_code is StatusCode.ERROR
     assert span.status.description == "IdempotencyKeyMismatch"
@@ -255,7 +263,7 @@ def test_a_mismatch_is_an_error(outbox_path: Path, telemetry: Telemetry) -> None
     assert span.attributes["error.type"] == "IdempotencyKeyMismatch"
     assert events(span, "attempt")[0]["postonce.outcome"] == "mismatch"
     assert telemetry.points("postonce.intents.ended") == {
-        attrs(state="failed", provider="ietf_draft", drain=False): 1
+        attrs(state="failed", provider="reuse", drain=False): 1
     }
 
 

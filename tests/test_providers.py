@@ -11,7 +11,14 @@ from pydantic import ValidationError
 
 from postonce._exceptions import ConfigurationError, UnknownProvider
 from postonce._keys import check_key, mint_key
-from postonce.providers import BUILTIN_PROVIDERS, Provider, StatusRule, get_provider
+from postonce.providers import (
+    BUILTIN_PROVIDERS,
+    Provider,
+    StatusRule,
+    get_provider,
+    provider_identity,
+    same_provider,
+)
 
 EXPECTED_NAMES = frozenset(
     {
@@ -143,3 +150,69 @@ def test_valid_custom_provider() -> None:
     )
     assert (provider.key_min_length, provider.key_max_length) == (36, 36)
     assert provider.key_pattern == r"[0-9a-f-]+"
+
+
+_STRIPE = BUILTIN_PROVIDERS["stripe"]
+
+
+@pytest.mark.parametrize(
+    ("provider", "expected"),
+    [
+        pytest.param(_STRIPE, "stripe", id="builtin-unchanged"),
+        pytest.param(
+            _STRIPE.model_copy(update={"in_flight": ()}), "stripe", id="builtin-rules-changed"
+        ),
+        pytest.param(
+            _STRIPE.model_copy(update={"key_field": "idempotency-key"}),
+            "stripe",
+            id="builtin-header-case",
+        ),
+        pytest.param(
+            _STRIPE.model_copy(update={"key_field": "X-Key"}), "stripe#", id="builtin-key-moved"
+        ),
+        pytest.param(
+            _STRIPE.model_copy(update={"retention": timedelta(days=7)}),
+            "stripe#",
+            id="builtin-retention-changed",
+        ),
+        pytest.param(
+            Provider(name="ledger", retention=timedelta(hours=48)), "ledger#", id="custom"
+        ),
+    ],
+)
+def test_provider_identity(provider: Provider, expected: str) -> None:
+    """A built-in with its key facts is its plain name; anything else is name#digest of them."""
+    identity = provider_identity(provider)
+    if expected.endswith("#"):
+        assert identity.startswith(expected)
+        assert len(identity) == len(expected) + 12
+    else:
+        assert identity == expected
+
+
+def test_provider_identity_follows_facts_not_objects() -> None:
+    """Two equal custom profiles share an identity; moving the key or the retention changes it."""
+    one = Provider(name="ledger", key_field="X-Key", retention=timedelta(hours=48))
+    same = Provider(name="ledger", key_field="X-Key", retention=timedelta(hours=48))
+    assert provider_identity(one) == provider_identity(same)
+    moved = one.model_copy(update={"key_transport": "body"})
+    longer = one.model_copy(update={"retention": timedelta(hours=72)})
+    identities = {provider_identity(p) for p in (one, moved, longer)}
+    assert len(identities) == 3
+
+
+@pytest.mark.parametrize(
+    ("stored", "identity", "expected"),
+    [
+        pytest.param("stripe", "stripe", True, id="same-builtin"),
+        pytest.param("stripe", "paypal_orders", False, id="other-builtin"),
+        pytest.param("stripe", "stripe#0123456789ab", False, id="builtin-vs-modified"),
+        pytest.param("ledger#0123456789ab", "ledger#0123456789ab", True, id="same-custom"),
+        pytest.param("ledger#0123456789ab", "ledger#ba9876543210", False, id="custom-changed"),
+        pytest.param("ledger", "ledger#0123456789ab", True, id="legacy-bare-custom"),
+        pytest.param("ledger", "other#0123456789ab", False, id="legacy-other-name"),
+    ],
+)
+def test_same_provider(stored: str, identity: str, expected: bool) -> None:
+    """An intent resumes only under its own provider; a bare pre-digest custom name still does."""
+    assert same_provider(stored, identity) is expected

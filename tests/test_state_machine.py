@@ -66,6 +66,7 @@ from postonce import (
 )
 from postonce._flow import Abandoned, Effect, Send, Sender, Sleep, StoreCall, run
 from postonce._outbox.base import NewIntent
+from tests.unread_transport import UnreadMock
 
 RETENTION = 100.0
 PROVIDER = postonce.Provider(
@@ -160,6 +161,7 @@ class Call:
     served: list[Answer] = field(default_factory=list)
     sends: int = 0
     mismatch_answered: bool = False
+    seen: bool = False  # the last send's key may have reached the server before it
 
 
 # Final answers (201, 402, 422) are drawn less often, so that intents live long
@@ -194,7 +196,7 @@ class IntentMachine(RuleBasedStateMachine):
         self.clock = FakeClock()
         self.store = postonce.SQLiteStore(path, durability="normal")
         self.reader = sqlite3.connect(path, isolation_level=None)
-        self.http = httpx.Client(transport=httpx.MockTransport(self._serve))
+        self.http = httpx.Client(transport=UnreadMock(self._serve))
         self.client = postonce.Client(
             provider=PROVIDER,
             outbox=self.store,
@@ -211,6 +213,7 @@ class IntentMachine(RuleBasedStateMachine):
         # The model.
         self.key: str | None = None
         self.anchor: float | None = None  # first send that may have been delivered
+        self.claim_died = False  # a holder was killed under a claim: the key may be known
         self.terminal: State | None = None
         self.mismatch_recorded = False
         self.holder: tuple[str, float] | None = None  # the last lease seen: owner, expiry
@@ -321,9 +324,12 @@ class IntentMachine(RuleBasedStateMachine):
         if self.call.sends > MAX_SENDS_PER_STEP:
             answer = Answer("201")  # end a runaway loop; the violation is recorded
         self.call.served.append(answer)
-        self.call.mismatch_answered |= answer.kind == "422"
-        if answer.kind == "connect":
+        # A key-reuse answer is believed only for a key the server may have seen.
+        self.call.seen = self.anchor is not None or self.claim_died
+        self.call.mismatch_answered |= answer.kind == "422" and self.call.seen
+        if answer.kind == "connect":  # refused before the body was taken: provably not sent
             raise httpx.ConnectError("connection refused", request=request)
+        request.read()  # every other answer means the server got the whole request
         self._maybe_delivered(sent_at)
         if answer.kind == "timeout":
             raise httpx.ReadTimeout("no answer", request=request)
@@ -369,6 +375,10 @@ class IntentMachine(RuleBasedStateMachine):
                 if crash.kind == "kill":
                     if isinstance(effect, Send):
                         self._lost_send(effect.request)
+                    # A holder killed under its claim may have sent: the store anchored
+                    # the claim, and postonce must take the key as possibly seen.
+                    row = self._row()
+                    self.claim_died |= row is not None and row.first_delivery_at is not None
                     return "killed", None  # no clean-up at all; the lease must expire
                 if not isinstance(effect, StoreCall):
                     if isinstance(effect, Send):
@@ -403,7 +413,7 @@ class IntentMachine(RuleBasedStateMachine):
         assert row is not None
         if row.state is not FINAL_KINDS[last.kind]:
             self._violation(f"answered {last.kind}, but the intent is {row.state.value}")
-        if (last.kind == "422") != (row.last_outcome == "mismatch"):
+        if (last.kind == "422" and self.call.seen) != (row.last_outcome == "mismatch"):
             self._violation(f"answered {last.kind}, recorded {row.last_outcome}")
 
     def _begin(self, owner: str, script: list[Answer]) -> None:

@@ -18,7 +18,7 @@ from typing import Any, TypedDict, TypeVar
 import httpx
 
 from ._budget import RetryBudget
-from ._exceptions import ConfigurationError, OutboxError, PostonceError
+from ._exceptions import ConfigurationError, OutboxError, PostonceError, UnknownProvider
 from ._flow import Effect, Sender, StoreCall, send_claimed
 from ._http import adapt_timeout, library_of
 from ._intent import IntentRecord
@@ -36,7 +36,7 @@ from ._sender import (
     sender_identity,
 )
 from ._wire import DEFAULT_SECRET_HEADERS, UNSET, HeaderInput, Prepared, parsed_url, prepare
-from .providers import Provider, get_provider
+from .providers import BUILTIN_PROVIDERS, Provider, get_provider, provider_identity, same_provider
 
 __all__ = ["BaseClient", "DeadlineInput", "OnceOptions", "named"]
 
@@ -318,7 +318,7 @@ class BaseClient:
             reference=prepared.reference,
             key=prepared.key,
             key_given=prepared.key_given,
-            provider=profile.name,
+            provider=provider_identity(profile),
             method=prepared.method,
             url=prepared.url,
             headers=prepared.headers,
@@ -445,7 +445,20 @@ class BaseClient:
         )
 
     def _provider_for(self, record: IntentRecord) -> Provider:
-        """The profile a stored intent was made under: this client's, or a built-in."""
-        if record.provider == self.provider.name:
+        """The profile a stored intent was made under: this client's, or a built-in.
+
+        ``record.provider`` is an identity (see ``provider_identity``): this
+        client's profile serves it when the identities match, a built-in when
+        it is that built-in's plain name. Anything else is an error naming both.
+        """
+        if same_provider(record.provider, provider_identity(self.provider)):
             return self.provider
-        return get_provider(record.provider)
+        if record.provider in BUILTIN_PROVIDERS:
+            return BUILTIN_PROVIDERS[record.provider]
+        raise UnknownProvider(
+            f"it is stored under provider {record.provider!r}, and this client's profile is "
+            f"{provider_identity(self.provider)!r} (its key facts differ, or it is another "
+            "provider); configure a client with the profile the intent was made with",
+            reference=record.reference,
+            key=record.key,
+        )

@@ -5,30 +5,63 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 
-from ._http import LIBRARIES
 from ._intent import Outcome
 from .providers import Provider, StatusRule
 
-__all__ = ["classify_exception", "classify_response", "error_codes", "is_replay"]
+__all__ = [
+    "classify_exception",
+    "classify_response",
+    "error_codes",
+    "from_connection_layer",
+    "is_replay",
+]
 
-# The server cannot have seen a request that never got a connection. Named, not
-# imported: httpx and httpx2 raise classes of the same names from two packages.
-_NOT_SENT = frozenset({"ConnectError", "ConnectTimeout", "PoolTimeout", "UnsupportedProtocol"})
+# httpcore raises these only before it writes a request: while waiting for a
+# connection from the pool, connecting, or refusing the URL's scheme. Named, not
+# imported: postonce does not import httpcore.
+_BEFORE_WRITE = frozenset({"ConnectError", "ConnectTimeout", "PoolTimeout", "UnsupportedProtocol"})
 _CODE_KEYS = frozenset(
     {"code", "type", "reason", "errorCode", "error_code", "errorType", "__type", "Code"}
 )
 _SCAN_LIMIT = 65536
 
 
-def classify_exception(exc: BaseException) -> Outcome:
-    """An exception from sending: NOT_SENT only when the server cannot have seen it.
+def _top(obj: object) -> str:
+    return type(obj).__module__.partition(".")[0]
 
-    Everything else, including exceptions postonce does not know, is
-    AMBIGUOUS: the request may have been written, so it may have been applied.
+
+def from_connection_layer(exc: BaseException) -> bool:
+    """Whether httpx's own transport raised ``exc`` for an httpcore failure before any write.
+
+    The exception type alone proves nothing: httpx-aiohttp maps every aiohttp
+    connection error (the server dropping the connection after executing the
+    request among them) to ``httpx.ConnectTimeout``, and any transport may raise
+    ``ConnectError`` for what it likes. httpx's ``HTTPTransport`` raises these
+    ``from`` the httpcore exception of the same name, and httpcore raises those
+    only before it writes. httpx2 and its httpcore2 are not trusted this way.
     """
-    for cls in type(exc).__mro__:
-        if cls.__name__ in _NOT_SENT and cls.__module__.partition(".")[0] in LIBRARIES:
-            return Outcome.NOT_SENT
+    cause = exc.__cause__
+    return (
+        _top(exc) == "httpx"
+        and type(exc).__name__ in _BEFORE_WRITE
+        and cause is not None
+        and _top(cause) == "httpcore"
+        and type(cause).__name__ == type(exc).__name__
+    )
+
+
+def classify_exception(exc: BaseException, *, body_unread: bool = False) -> Outcome:
+    """An exception from sending: NOT_SENT only when no request can have reached the server.
+
+    That is provable two ways. ``body_unread``: the transport never read the
+    request's (non-empty) body, so the server holds at most headers that
+    promise a body it never got, which no server executes. Or httpx's own
+    connection layer raised it before writing (:func:`from_connection_layer`).
+    Everything else, on any transport, is AMBIGUOUS: the request may have been
+    written, so it may have been applied.
+    """
+    if body_unread or from_connection_layer(exc):
+        return Outcome.NOT_SENT
     return Outcome.AMBIGUOUS
 
 
@@ -55,8 +88,16 @@ def error_codes(body: bytes) -> frozenset[str] | str:
     return frozenset(_walk(parsed, 0))
 
 
-def _matches(rule: StatusRule, status: int, codes: frozenset[str] | str) -> bool:
+def _media_type(headers: Mapping[str, str]) -> str:
+    return (headers.get("content-type") or "").partition(";")[0].strip().lower()
+
+
+def _matches(
+    rule: StatusRule, status: int, codes: frozenset[str] | str, headers: Mapping[str, str]
+) -> bool:
     if rule.status is not None and rule.status != status:
+        return False
+    if rule.content_type is not None and _media_type(headers) != rule.content_type.lower():
         return False
     if rule.code is None:
         return True
@@ -75,28 +116,50 @@ def _truthy(value: str | None) -> bool | None:
 
 
 def classify_response(
-    status: int, headers: Mapping[str, str], body: bytes, provider: Provider
+    status: int,
+    headers: Mapping[str, str],
+    body: bytes,
+    provider: Provider,
+    *,
+    key_seen: bool = True,
 ) -> Outcome:
     """An answer from the server, read through the provider's profile.
 
     Order matters: a key-reuse answer is never retried, even where the retry
     hint says otherwise; an in-flight answer always waits on the same key.
+
+    ``key_seen``: an earlier attempt with this key may have reached the server
+    (it was ambiguous, or answered). Only then can the key have been used
+    before, so only then is a key-reuse answer believed; to the first send of a
+    fresh key the same status is an ordinary answer (a validation 422, say).
     """
     if status < 400:  # the common case: no rule or hint applies below 400
         return Outcome.RETRYABLE if status in provider.retryable_statuses else Outcome.FINAL
     needs_body = any(r.code is not None for r in (*provider.mismatch, *provider.in_flight))
-    codes: frozenset[str] | str = error_codes(body) if needs_body and status >= 400 else ""
-    if any(_matches(rule, status, codes) for rule in provider.mismatch) and status >= 400:
+    codes: frozenset[str] | str = error_codes(body) if needs_body else ""
+    if key_seen and any(_matches(rule, status, codes, headers) for rule in provider.mismatch):
         return Outcome.MISMATCH
-    if any(_matches(rule, status, codes) for rule in provider.in_flight) and status >= 400:
+    if any(_matches(rule, status, codes, headers) for rule in provider.in_flight):
         return Outcome.IN_PROGRESS
-    if provider.retry_hint_header is not None and status >= 400:
+    if provider.retry_hint_header is not None:
         hint = _truthy(headers.get(provider.retry_hint_header))
         if hint is not None:
             return Outcome.RETRYABLE if hint else Outcome.FINAL
     if status in provider.retryable_statuses:
         return Outcome.RETRYABLE
+    if status >= 500:
+        return _server_error(headers, provider)
     return Outcome.FINAL
+
+
+def _server_error(headers: Mapping[str, str], provider: Provider) -> Outcome:
+    """A 5xx no rule, hint or retryable status settled, read by the provider's 5xx rule."""
+    rule = provider.server_errors
+    if rule == "hint":  # the hint was absent: the provider says not to retry
+        return Outcome.FINAL
+    if rule == "replayed" and is_replay(headers, provider):
+        return Outcome.FINAL  # the answer stored for this key: no retry can change it
+    return Outcome.RETRYABLE
 
 
 def is_replay(headers: Mapping[str, str], provider: Provider) -> bool:

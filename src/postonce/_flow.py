@@ -50,6 +50,7 @@ from ._observe import (
 from ._outbox.base import AttemptRecord, Lease, NewIntent
 from ._outbox.rows import storable_response
 from ._policy import RetryPolicy
+from ._watch import watched
 from ._wire import parsed_url, wire_headers
 from .providers import Provider
 
@@ -223,7 +224,13 @@ def run(sender: Sender, new: NewIntent) -> Generator[Effect, Any, httpx.Response
 
     return (
         yield from send_claimed(
-            sender, record, opened.lease, opened.anchor_before, ends_at=ends_at, foreground=True
+            sender,
+            record,
+            opened.lease,
+            opened.anchor_before,
+            ends_at=ends_at,
+            foreground=True,
+            key_given=new.key_given,
         )
     )
 
@@ -247,6 +254,7 @@ class _Progress:
     in_send: bool = False
     sent_at: float = 0.0
     attempts: int = 0  # the intent's attempt count so far
+    key_given: bool = False  # the caller chose the key: it may be known to the server
     spent: int = 0  # retry-budget tokens this call has taken
 
 
@@ -258,6 +266,7 @@ def send_claimed(
     *,
     ends_at: float | None,
     foreground: bool,
+    key_given: bool = False,
 ) -> Generator[Effect, Any, httpx.Response]:
     """Send an intent whose lease we hold until it is final, deferred, or stopped.
 
@@ -265,7 +274,10 @@ def send_claimed(
     (``foreground=False``) nothing sleeps: every retry becomes a due time.
     """
     progress = _Progress(
-        lease=lease, delivered_maybe=anchor_before is not None, attempts=record.attempts
+        lease=lease,
+        delivered_maybe=anchor_before is not None,
+        attempts=record.attempts,
+        key_given=key_given,
     )
     clock = sender.clock
     observed = bool(sender.hooks)
@@ -273,7 +285,7 @@ def send_claimed(
         emit(
             sender.hooks,
             StartDetail(
-                record.reference, record.key, record.provider, record.attempts, not foreground
+                record.reference, record.key, sender.provider.name, record.attempts, not foreground
             ),
         )
     state: State | None = None
@@ -301,7 +313,7 @@ def send_claimed(
                     state,
                     progress.attempts,
                     error,
-                    record.provider,
+                    sender.provider.name,  # the name, not the stored identity: a stable label
                     not foreground,
                 ),
             )
@@ -378,6 +390,301 @@ def _gated(
         raise _stop(sender, stop, record)
 
 
+def _wait_until_due(
+    sender: Sender,
+    record: IntentRecord,
+    lease: Lease,
+    anchor_before: float | None,
+    *,
+    ends_at: float | None,
+    foreground: bool,
+) -> Generator[Effect, Any, None]:
+    """Sleep until a foreground claim is due, or hand it back when the caller cannot wait.
+
+    A claim is due by definition in the drain; in the foreground, wait for a
+    due time only while it is believable: one further off than any wait the
+    policy could have asked for was written before the clock went back.
+    """
+    policy, clock = sender.policy, sender.clock
+    longest = max(policy.retry_after_max, policy.wait_max, policy.in_flight_max) + CLOCK_TOLERANCE
+    due_at = record.due_at
+    if not (foreground and due_at is not None and clock() < due_at <= clock() + longest):
+        return
+    if ends_at is not None and due_at > ends_at:
+        yield StoreCall(
+            "release",
+            {"lease": lease, "now": clock(), "due_at": due_at, "anchor": anchor_before},
+        )
+        raise IntentPending(
+            "the intent is not due yet",
+            reference=record.reference,
+            key=record.key,
+            due_at=due_at,
+        )
+    yield Sleep(due_at - clock())
+
+
+def _renewed(
+    sender: Sender, record: IntentRecord, progress: _Progress
+) -> Generator[Effect, Any, None]:
+    """Renew the lease before a send when less than half of it is left: a send never outlives it."""
+    clock, lease = sender.clock, progress.lease
+    if lease.expires_at - clock() >= sender.lease_seconds / 2:
+        return
+    renewed = yield StoreCall(
+        "renew", {"lease": lease, "now": clock(), "until": clock() + sender.lease_seconds}
+    )
+    if renewed is None:
+        raise IntentPending(
+            "another worker took over this intent", reference=record.reference, key=record.key
+        )
+    progress.lease = renewed
+
+
+@dataclass(frozen=True, slots=True)
+class _Wire:
+    """What every attempt of one claim sends: computed once per claim, not per send."""
+
+    url: Any  # the library's URL
+    headers: list[tuple[str, str]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Tried:
+    """One attempt, sent and classified."""
+
+    number: int
+    sent_at: float
+    duration: float
+    now: float  # when its outcome was known: the time every decision after it uses
+    outcome: Outcome
+    response: httpx.Response | None
+    error: str | None  # the exception's type name, when it ended in one
+    cause: Exception | None
+    replayed: bool
+
+    @property
+    def status(self) -> int | None:
+        return self.response.status_code if self.response is not None else None
+
+
+def _send_once(
+    sender: Sender, record: IntentRecord, progress: _Progress, wire: _Wire, number: int
+) -> Generator[Effect, Any, _Tried]:
+    """Send the intent once and say what the attempt tells about delivery."""
+    clock = sender.clock
+    built = sender.build_request(
+        record.method, wire.url, content=record.body, headers=wire.headers, timeout=sender.timeout
+    )
+    request, watch = watched(sender.lib, built, record.body)
+    # Only a key that may have reached the server before (or one the caller
+    # chose, which postonce cannot know to be fresh) can have been reused.
+    key_seen = progress.delivered_maybe or progress.key_given
+    sent_at = progress.sent_at = clock()
+    response: httpx.Response | None = None
+    error: str | None = None
+    cause: Exception | None = None
+    progress.in_send = True
+    try:
+        response = yield Send(request)
+    except sender.lib.TransportError as exc:
+        outcome = classify_exception(exc, body_unread=watch.unread)
+        error, cause = type(exc).__name__, exc
+    except Exception as exc:
+        # Not a transport failure (an event hook, a broken transport): the
+        # request may have been written. Keep the intent for the drain.
+        progress.in_send = False
+        yield _ambiguous_record(progress, record, clock, type(exc).__name__)
+        raise
+    else:
+        outcome = classify_response(
+            response.status_code,
+            response.headers,
+            response.content,
+            sender.provider,
+            key_seen=key_seen,
+        )
+    progress.in_send = False
+    duration = clock() - sent_at
+    progress.delivered_maybe = progress.delivered_maybe or outcome is not Outcome.NOT_SENT
+    replayed = response is not None and is_replay(response.headers, sender.provider)
+    return _Tried(number, sent_at, duration, clock(), outcome, response, error, cause, replayed)
+
+
+def _next_step(
+    sender: Sender,
+    record: IntentRecord,
+    progress: _Progress,
+    tried: _Tried,
+    budget: Budget | None,
+) -> Step:
+    """The engine's decision after an attempt, held back by the client's retry budget."""
+    anchor = record.first_delivery_at if progress.delivered_maybe else None
+    response = tried.response
+    step = decide(
+        tried.outcome,
+        status=tried.status,
+        headers=response.headers if response is not None else sender.lib.Headers(),
+        now=tried.now,
+        attempt=tried.number,
+        anchor=anchor,
+        deadline_at=record.deadline_at,
+        provider=sender.provider,
+        policy=sender.policy,
+        budget=budget,
+    )
+    progress.attempts = tried.number
+    retry_budget = sender.retry_budget
+    if retry_budget is not None:
+        if step.kind is StepKind.RETRY:
+            cost = retry_budget.withdraw(tried.outcome)
+            if cost is None:
+                step = over_budget(step)
+            else:
+                progress.spent += cost
+        elif step.state is State.SUCCEEDED:
+            retry_budget.deposit(progress.spent)
+    return step
+
+
+def _observe(sender: Sender, record: IntentRecord, tried: _Tried, step: Step) -> None:
+    """Tell the hooks (and the debug log) about the attempt and any retry it scheduled."""
+    if sender.hooks or logger.isEnabledFor(logging.DEBUG):
+        emit(
+            sender.hooks,
+            AttemptDetail(
+                intent=record.reference,
+                key=record.key,
+                provider=sender.provider.name,
+                attempt=tried.number,
+                outcome=tried.outcome,
+                status=tried.status,
+                error=tried.error,
+                duration=tried.duration,
+                replayed=tried.replayed,
+                state=step.state,
+            ),
+        )
+        if tried.replayed:
+            assert tried.status is not None
+            emit(
+                sender.hooks, ReplayDetail(record.reference, record.key, tried.number, tried.status)
+            )
+    if step.kind is StepKind.RETRY or step.kind is StepKind.DEFER:
+        assert step.due_at is not None
+        emit(
+            sender.hooks,
+            RetryDetail(
+                intent=record.reference,
+                key=record.key,
+                attempt=tried.number,
+                wait=step.wait,
+                due_at=step.due_at,
+                in_foreground=step.kind is StepKind.RETRY,
+                reason=step.reason or f"{tried.outcome.value} on attempt {tried.number}",
+            ),
+        )
+
+
+def _record(
+    sender: Sender, record: IntentRecord, progress: _Progress, tried: _Tried, step: Step
+) -> StoreCall:
+    """The store call that records an attempt and the state it leaves the intent in."""
+    response = tried.response
+    keeps_answer = step.kind in (StepKind.FINISH, StepKind.MISMATCH)
+    retrying = step.kind is StepKind.RETRY
+    lease_until = tried.now + step.wait + sender.lease_seconds if retrying else None
+    # A lost 2xx record, retry or deferral is repaired by a replay; anything
+    # else a provider might not replay is committed durably.
+    durable = not (retrying or step.kind is StepKind.DEFER or step.state is State.SUCCEEDED)
+    anchor = record.first_delivery_at if progress.delivered_maybe else None
+    return StoreCall(
+        "record",
+        {
+            "lease": progress.lease,
+            "attempt": AttemptRecord(
+                tried.sent_at,
+                tried.duration,
+                tried.outcome,
+                tried.status,
+                tried.error,
+                tried.replayed,
+            ),
+            "state": step.state,
+            # A retry keeps the claim's anchor: the next send may be delivered.
+            "anchor": record.first_delivery_at if retrying else anchor,
+            "due_at": step.due_at if step.kind is StepKind.DEFER else None,
+            "lease_until": lease_until,
+            "response": storable_response(
+                response.status_code, response.headers.multi_items(), response.content
+            )
+            if keeps_answer and response is not None
+            else None,
+            "note": step.reason or None,
+            "durable": durable,
+        },
+        # Nobody waits on a 2xx record: the answer is in hand, and a lost
+        # record is repaired by the provider's replay.
+        behind=step.kind is StepKind.FINISH and not durable,
+    )
+
+
+def _conclude(
+    sender: Sender,
+    record: IntentRecord,
+    tried: _Tried,
+    step: Step,
+    *,
+    recorded: bool,
+    foreground: bool,
+) -> httpx.Response | None:
+    """The answer to return, or the error that says where the intent stands; None: retry."""
+    response = tried.response
+    info = IntentInfo(
+        reference=record.reference,
+        key=record.key,
+        state=step.state,
+        attempts=tried.number,
+        replayed=tried.replayed,
+        from_outbox=False,
+    )
+    if not recorded and not (step.kind is StepKind.FINISH and response is not None):
+        raise IntentPending(
+            "another worker took over this intent", reference=record.reference, key=record.key
+        )
+    if step.kind is StepKind.FINISH:
+        assert response is not None
+        return _annotate(response, info)
+    if step.kind is StepKind.MISMATCH:
+        assert response is not None
+        raise IdempotencyKeyMismatch(
+            f"{sender.provider.name} refused the key as used for another request "
+            f"(HTTP {response.status_code}); it is never retried",
+            reference=record.reference,
+            key=record.key,
+            response=_annotate(response, info),
+        )
+    if step.kind is StepKind.DEFER:
+        why = (
+            step.reason
+            or f"not final after {tried.number} attempt(s) (last: {tried.outcome.value})"
+        )
+        if foreground:
+            emit(
+                sender.hooks,
+                GiveUpDetail(record.reference, record.key, tried.number, step.due_at, why),
+            )
+        raise IntentPending(
+            f"{why}; the intent is pending until its due time",
+            reference=record.reference,
+            key=record.key,
+            due_at=step.due_at,
+        ) from tried.cause
+    if step.kind in (StepKind.EXPIRE, StepKind.CANCEL):
+        raise _stop(sender, step, record) from tried.cause
+    return None
+
+
 def _send_claimed(
     sender: Sender,
     record: IntentRecord,
@@ -387,215 +694,37 @@ def _send_claimed(
     ends_at: float | None,
     foreground: bool,
 ) -> Generator[Effect, Any, httpx.Response]:
-    provider, policy, clock = sender.provider, sender.policy, sender.clock
-    claimed_anchor = record.first_delivery_at
-    lease = progress.lease
-
-    yield from _gated(sender, record, lease, anchor_before)
-    # A claim is due by definition in the drain; in the foreground, wait for a
-    # due time only while it is believable: one further off than any wait the
-    # policy could have asked for was written before the clock went back.
-    longest = max(policy.retry_after_max, policy.wait_max, policy.in_flight_max) + CLOCK_TOLERANCE
-    due_at = record.due_at
-    if foreground and due_at is not None and clock() < due_at <= clock() + longest:
-        if ends_at is not None and due_at > ends_at:
-            yield StoreCall(
-                "release",
-                {"lease": lease, "now": clock(), "due_at": due_at, "anchor": anchor_before},
-            )
-            raise IntentPending(
-                "the intent is not due yet",
-                reference=record.reference,
-                key=record.key,
-                due_at=due_at,
-            )
-        yield Sleep(due_at - clock())
-
-    attempt = record.attempts
-    attempts_left = policy.attempts
-    headers = wire_headers(record.headers, sender.secret_headers, record.key, provider)
-    url = parsed_url(sender.lib.URL, record.url)  # parsed once per process, not per send
+    """Gate, send, decide, record, wait: until an attempt ends the call."""
+    yield from _gated(sender, record, progress.lease, anchor_before)
+    yield from _wait_until_due(
+        sender, record, progress.lease, anchor_before, ends_at=ends_at, foreground=foreground
+    )
+    wire = _Wire(
+        url=parsed_url(sender.lib.URL, record.url),  # parsed once per process, not per send
+        headers=wire_headers(record.headers, sender.secret_headers, record.key, sender.provider),
+    )
+    attempts_left = sender.policy.attempts
+    number = record.attempts
     while True:
-        attempt += 1
+        number += 1
         # Checked again before every send: a sleep can overrun (a suspended
         # process, a clock that jumped) past the horizon or the deadline.
-        anchor_now = claimed_anchor if progress.delivered_maybe else anchor_before
-        yield from _gated(sender, record, lease, anchor_now)
-        if lease.expires_at - clock() < sender.lease_seconds / 2:
-            renewed = yield StoreCall(
-                "renew", {"lease": lease, "now": clock(), "until": clock() + sender.lease_seconds}
-            )
-            if renewed is None:
-                raise IntentPending(
-                    "another worker took over this intent",
-                    reference=record.reference,
-                    key=record.key,
-                )
-            lease = progress.lease = renewed
-        request = sender.build_request(
-            record.method, url, content=record.body, headers=headers, timeout=sender.timeout
-        )
-        sent_at = progress.sent_at = clock()
-        response: httpx.Response | None = None
-        error_type: str | None = None
-        progress.in_send = True
-        try:
-            response = yield Send(request)
-        except sender.lib.TransportError as exc:
-            outcome = classify_exception(exc)
-            error_type = type(exc).__name__
-            cause: Exception | None = exc
-        except Exception as exc:
-            # Not a transport failure (an event hook, a broken transport): the
-            # request may have been written. Keep the intent for the drain.
-            progress.in_send = False
-            yield _ambiguous_record(progress, record, clock, type(exc).__name__)
-            raise
-        else:
-            outcome = classify_response(
-                response.status_code, response.headers, response.content, provider
-            )
-            cause = None
-        progress.in_send = False
-        duration = clock() - sent_at
+        anchor = record.first_delivery_at if progress.delivered_maybe else anchor_before
+        yield from _gated(sender, record, progress.lease, anchor)
+        yield from _renewed(sender, record, progress)
+        tried = yield from _send_once(sender, record, progress, wire, number)
         # Waiting on an in-flight answer is not a retry: only the time budget bounds it.
-        if outcome is not Outcome.IN_PROGRESS:
+        if tried.outcome is not Outcome.IN_PROGRESS:
             attempts_left -= 1
-        progress.delivered_maybe = progress.delivered_maybe or outcome is not Outcome.NOT_SENT
-        anchor = claimed_anchor if progress.delivered_maybe else None
-        now = clock()
-        step = decide(
-            outcome,
-            status=response.status_code if response is not None else None,
-            headers=response.headers if response is not None else sender.lib.Headers(),
-            now=now,
-            attempt=attempt,
-            anchor=anchor,
-            deadline_at=record.deadline_at,
-            provider=provider,
-            policy=policy,
-            budget=Budget(attempts_left=attempts_left, ends_at=ends_at) if foreground else None,
+        budget = Budget(attempts_left=attempts_left, ends_at=ends_at) if foreground else None
+        step = _next_step(sender, record, progress, tried, budget)
+        _observe(sender, record, tried, step)
+        recorded = yield _record(sender, record, progress, tried, step)
+        response = _conclude(sender, record, tried, step, recorded=recorded, foreground=foreground)
+        if response is not None:
+            return response
+        lease = progress.lease
+        progress.lease = Lease(
+            lease.intent_id, lease.token, lease.owner, tried.now + step.wait + sender.lease_seconds
         )
-        progress.attempts = attempt
-        budget = sender.retry_budget
-        if budget is not None:
-            if step.kind is StepKind.RETRY:
-                cost = budget.withdraw(outcome)
-                if cost is None:
-                    step = over_budget(step)
-                else:
-                    progress.spent += cost
-            elif step.state is State.SUCCEEDED:
-                budget.deposit(progress.spent)
-        replayed = response is not None and is_replay(response.headers, provider)
-        status = response.status_code if response is not None else None
-        if sender.hooks or logger.isEnabledFor(logging.DEBUG):
-            emit(
-                sender.hooks,
-                AttemptDetail(
-                    intent=record.reference,
-                    key=record.key,
-                    provider=provider.name,
-                    attempt=attempt,
-                    outcome=outcome,
-                    status=status,
-                    error=error_type,
-                    duration=duration,
-                    replayed=replayed,
-                    state=step.state,
-                ),
-            )
-            if replayed:
-                assert status is not None
-                emit(sender.hooks, ReplayDetail(record.reference, record.key, attempt, status))
-        if step.kind is StepKind.RETRY or step.kind is StepKind.DEFER:
-            assert step.due_at is not None
-            emit(
-                sender.hooks,
-                RetryDetail(
-                    intent=record.reference,
-                    key=record.key,
-                    attempt=attempt,
-                    wait=step.wait,
-                    due_at=step.due_at,
-                    in_foreground=step.kind is StepKind.RETRY,
-                    reason=step.reason or f"{outcome.value} on attempt {attempt}",
-                ),
-            )
-        keeps_answer = step.kind in (StepKind.FINISH, StepKind.MISMATCH)
-        retrying = step.kind is StepKind.RETRY
-        lease_until = now + step.wait + sender.lease_seconds if retrying else None
-        # A lost 2xx record, retry or deferral is repaired by a replay; anything
-        # else a provider might not replay is committed durably.
-        durable = not (retrying or step.kind is StepKind.DEFER or step.state is State.SUCCEEDED)
-        ok = yield StoreCall(
-            "record",
-            {
-                "lease": lease,
-                "attempt": AttemptRecord(
-                    sent_at,
-                    duration,
-                    outcome,
-                    response.status_code if response is not None else None,
-                    error_type,
-                    replayed,
-                ),
-                "state": step.state,
-                # A retry keeps the claim's anchor: the next send may be delivered.
-                "anchor": claimed_anchor if retrying else anchor,
-                "due_at": step.due_at if step.kind is StepKind.DEFER else None,
-                "lease_until": lease_until,
-                "response": storable_response(
-                    response.status_code, response.headers.multi_items(), response.content
-                )
-                if keeps_answer and response is not None
-                else None,
-                "note": step.reason or None,
-                "durable": durable,
-            },
-            # Nobody waits on a 2xx record: the answer is in hand, and a lost
-            # record is repaired by the provider's replay.
-            behind=step.kind is StepKind.FINISH and not durable,
-        )
-        info = IntentInfo(
-            reference=record.reference,
-            key=record.key,
-            state=step.state,
-            attempts=attempt,
-            replayed=replayed,
-            from_outbox=False,
-        )
-        if not ok and not (step.kind is StepKind.FINISH and response is not None):
-            raise IntentPending(
-                "another worker took over this intent", reference=record.reference, key=record.key
-            )
-        if step.kind is StepKind.FINISH:
-            assert response is not None
-            return _annotate(response, info)
-        if step.kind is StepKind.MISMATCH:
-            assert response is not None
-            raise IdempotencyKeyMismatch(
-                f"{provider.name} refused the key as used for another request "
-                f"(HTTP {response.status_code}); it is never retried",
-                reference=record.reference,
-                key=record.key,
-                response=_annotate(response, info),
-            )
-        if step.kind is StepKind.DEFER:
-            why = step.reason or f"not final after {attempt} attempt(s) (last: {outcome.value})"
-            if foreground:
-                emit(
-                    sender.hooks,
-                    GiveUpDetail(record.reference, record.key, attempt, step.due_at, why),
-                )
-            raise IntentPending(
-                f"{why}; the intent is pending until its due time",
-                reference=record.reference,
-                key=record.key,
-                due_at=step.due_at,
-            ) from cause
-        if step.kind in (StepKind.EXPIRE, StepKind.CANCEL):
-            raise _stop(sender, step, record) from cause
-        assert lease_until is not None
-        lease = progress.lease = Lease(lease.intent_id, lease.token, lease.owner, lease_until)
         yield Sleep(step.wait)

@@ -16,6 +16,8 @@ of the canonical UUIDv4 postonce mints), and "in flight" for an unexplained 409
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from collections.abc import Mapping
 from datetime import timedelta
@@ -25,7 +27,15 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from ._exceptions import UnknownProvider
 
-__all__ = ["BUILTIN_PROVIDERS", "Provider", "StatusRule", "get_provider"]
+__all__ = [
+    "BUILTIN_PROVIDERS",
+    "Provider",
+    "ServerErrors",
+    "StatusRule",
+    "get_provider",
+    "provider_identity",
+    "same_provider",
+]
 
 _HOUR = 3600.0
 _DAY = 24 * _HOUR
@@ -38,19 +48,27 @@ class StatusRule(BaseModel):
     ``status=None`` matches any status; ``code=None`` matches any body. A code
     matches a string value under a key such as ``code``, ``type``, ``errorCode``
     or ``reason`` anywhere in a JSON error body (or, for a body that is not
-    JSON, the code appearing in its text).
+    JSON, the code appearing in its text). ``content_type``, when set, must be
+    the answer's media type too (parameters such as ``charset`` ignored), e.g.
+    ``application/problem+json`` for the error shape the IETF draft describes.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     status: int | None = None
     code: str | None = None
+    content_type: str | None = None
 
     @model_validator(mode="after")
     def _not_empty(self) -> StatusRule:
         if self.status is None and self.code is None:
             raise ValueError("a StatusRule needs a status, a code, or both")
         return self
+
+
+#: What a provider documents about a 5xx answer, and so how postonce reads one
+#: that no other rule of the profile matched (see :class:`Provider`).
+ServerErrors = Literal["retry", "not_stored", "replayed", "hint", "undocumented"]
 
 
 class Provider(BaseModel):
@@ -86,8 +104,23 @@ class Provider(BaseModel):
     in_flight: tuple[StatusRule, ...] = (StatusRule(status=409),)
     mismatch: tuple[StatusRule, ...] = ()
     retryable_statuses: frozenset[int] = frozenset({429, 502, 503, 504})
-    #: Whether the provider stores and replays a 5xx answer (None: not documented).
-    replays_5xx: bool | None = None
+    #: What the provider documents about a 5xx answer, which decides how postonce
+    #: reads one that no rule above and no retry hint settled:
+    #:
+    #: - ``"retry"``: the provider says to retry a 5xx with the same key: retryable.
+    #: - ``"not_stored"``: only successes are stored, so nothing stands behind the key
+    #:   and the same key is executed again: retryable.
+    #: - ``"replayed"``: a 5xx produced while executing is stored and replayed: retryable
+    #:   (the first 5xx may be a proxy's, or the result indeterminate), until an answer
+    #:   carries a replay marker (``replay_headers``): that is the stored answer, final.
+    #: - ``"hint"``: only the retry hint header (``retry_hint_header: true``) says retry;
+    #:   a 5xx without it is final, as the provider documents.
+    #: - ``"undocumented"``: retryable, the safe reading: the same key again can only be
+    #:   deduplicated or answered alike, while a caller handed a 5xx might retry with a
+    #:   new key and pay twice.
+    #:
+    #: Every 5xx read as retryable counts as possibly delivered: it starts the horizon.
+    server_errors: ServerErrors = "undocumented"
     #: Headers whose value ``true`` marks an answer as a replay.
     replay_headers: tuple[str, ...] = ("Idempotent-Replayed",)
     #: A header saying ``true``/``false`` whether to retry, which overrides the status table.
@@ -115,7 +148,8 @@ class Provider(BaseModel):
 
 def _profiles() -> dict[str, Provider]:
     stripe = Provider(
-        # Stripe API v1. Key charset not documented: the universal rule applies.
+        # Stripe API v1. Key charset not documented: the universal rule applies. Stripe
+        # calls a 500 indeterminate, and stripe-python retries >= 500 with the same key.
         name="stripe",
         key_max_length=255,
         retention=timedelta(hours=24),  # "at least 24 hours old" before pruning
@@ -124,25 +158,28 @@ def _profiles() -> dict[str, Provider]:
             StatusRule(status=400, code="idempotency_error"),
             StatusRule(status=404, code="idempotency_error"),  # stripe-python maps both
         ),
-        replays_5xx=True,  # "including 500 errors"
+        server_errors="replayed",  # saved and replayed "including 500 errors"; see the notes
         replay_headers=("Idempotent-Replayed",),
         retry_hint_header="Stripe-Should-Retry",
         sources=(
             "https://docs.stripe.com/api/idempotent_requests",
             "https://docs.stripe.com/idempotency",
             "https://docs.stripe.com/error-codes#idempotency-key-in-use",
+            "https://docs.stripe.com/error-low-level#server-errors",
             "github.com/stripe/stripe-python stripe/_api_requestor.py, stripe/_http_client.py",
             "https://github.com/stripe/stripe-ruby/issues/503",
         ),
     )
     adyen = Provider(
         # Mismatch and 5xx replay are not documented: an unknown 4xx is a final answer.
+        # Retry only on "transient-error: true" (then with the same key); without it,
+        # Adyen says not to retry.
         name="adyen",
         key_max_length=64,
         retention=timedelta(days=7),  # "minimum period of 7 days" (legacy page: 31)
         in_flight=(StatusRule(status=409), StatusRule(status=422, code="704")),
         mismatch=(),
-        replays_5xx=None,
+        server_errors="hint",  # "transient-error: true" => retry; absent or false => do not
         replay_headers=(),  # Adyen echoes idempotency-key, it marks no replay
         retry_hint_header="transient-error",
         sources=("https://docs.adyen.com/development-resources/api-idempotency",),
@@ -154,7 +191,7 @@ def _profiles() -> dict[str, Provider]:
         key_max_length=36,
         retention=timedelta(hours=24),  # default expiry, sandbox and production
         in_flight=(StatusRule(status=409),),  # formerly 429, which is retryable anyway
-        replays_5xx=False,  # only 2xx cached; a 4xx/5xx is re-attempted
+        server_errors="not_stored",  # only 2xx cached; after a 4xx/5xx "the payment is reattempted"
         replay_headers=(),
         sources=(
             "https://www.checkout.com/docs/payments/manage-payments/idempotency",
@@ -182,7 +219,7 @@ def _profiles() -> dict[str, Provider]:
         key_max_length=36,
         retention=timedelta(hours=24),
         in_flight=(StatusRule(status=409),),
-        replays_5xx=False,
+        server_errors="not_stored",  # "only successful executions are saved"
         sources=("https://docs.moderntreasury.com/reference/idempotent-requests",),
     )
     increase = Provider(
@@ -206,7 +243,7 @@ def _profiles() -> dict[str, Provider]:
         key_pattern=_UUID,
         retention=timedelta(hours=24),
         in_flight=(StatusRule(status=409),),
-        replays_5xx=True,  # earlier docs: "even if those results are 500 errors"
+        server_errors="replayed",  # earlier docs: "even if those results are 500 errors"
         sources=(
             "https://docs.lithic.com/docs/idempotent-requests",
             "Lithic changelog 2023-08-15 and 2026-01-21",
@@ -220,9 +257,11 @@ def _profiles() -> dict[str, Provider]:
         key_max_length=108,
         retention=timedelta(hours=6),  # extendable to 72 h by the account manager
         in_flight=(StatusRule(status=409),),
+        server_errors="retry",  # retry 5xx "for as long as the server stores the ID"
         replay_headers=(),
         sources=(
             "https://developer.paypal.com/reference/guidelines/idempotency",
+            "https://developer.paypal.com/api/rest/reference/idempotency",
             "github.com/paypal/paypal-rest-api-specifications openapi/checkout_orders_v2.json",
         ),
     )
@@ -271,10 +310,12 @@ def _profiles() -> dict[str, Provider]:
         retention=timedelta(hours=24),
         in_flight=(StatusRule(status=409),),
         mismatch=(StatusRule(code="IdempotentParameterMismatch"),),
+        server_errors="retry",  # retry table: "5xx: retry with backoff", same client token
         replay_headers=(),
         sources=(
             "https://docs.aws.amazon.com/ec2/latest/devguide/ec2-api-idempotency.html",
             "https://docs.aws.amazon.com/AWSEC2/latest/APIReference/Run_Instance_Idempotency.html",
+            "https://docs.aws.amazon.com/AWSEC2/latest/APIReference/errors-overview.html",
         ),
     )
     google_request_id = Provider(
@@ -299,7 +340,10 @@ def _profiles() -> dict[str, Provider]:
         key_max_length=36,
         retention=timedelta(hours=24),
         in_flight=(StatusRule(status=409),),
-        mismatch=(StatusRule(status=422),),
+        mismatch=(  # the draft's shape only: any other 422 is a validation answer
+            StatusRule(status=422, content_type="application/problem+json"),
+        ),
+        server_errors="replayed",  # a retry gets "the previous result, success or an error"
         replay_headers=("Idempotent-Replayed", "Idempotency-Replayed", "X-Idempotent-Replayed"),
         sources=(
             "https://datatracker.ietf.org/doc/html/draft-ietf-httpapi-idempotency-key-header-07",
@@ -336,3 +380,48 @@ def get_provider(provider: str | Provider) -> Provider:
     except KeyError:
         known = ", ".join(sorted(BUILTIN_PROVIDERS))
         raise UnknownProvider(f"no built-in provider {provider!r}; known: {known}") from None
+
+
+def _key_facts(provider: Provider) -> dict[str, object]:
+    """The facts an intent's key depends on: where it travels, and how long it is kept.
+
+    Changing one of them under a pending intent would send its key where the
+    server does not look (a second effect) or retry past what the server keeps.
+    Header names are case-insensitive, so they are compared in lower case.
+    """
+    field = provider.key_field.lower() if provider.key_transport == "header" else provider.key_field
+    return {
+        "key_transport": provider.key_transport,
+        "key_field": field,
+        "retention": provider.retention.total_seconds(),
+    }
+
+
+def provider_identity(provider: Provider) -> str:
+    """The string an intent stores as its provider: its name, plus its key facts when they differ.
+
+    A built-in profile (or a copy whose key facts match the built-in of that
+    name) is its plain name, as outboxes have always stored it. Any other
+    profile is ``name#digest``, the digest a short hash of its key facts, so a
+    custom ``Provider`` is compared by those facts rather than by object identity.
+    """
+    builtin = BUILTIN_PROVIDERS.get(provider.name)
+    facts = _key_facts(provider)
+    if builtin is not None and _key_facts(builtin) == facts:
+        return provider.name
+    canonical = json.dumps(facts, sort_keys=True, separators=(",", ":")).encode()
+    return f"{provider.name}#{hashlib.sha256(canonical).hexdigest()[:12]}"
+
+
+def same_provider(stored: str, identity: str) -> bool:
+    """Whether an intent stored under ``stored`` may be sent under the profile ``identity``.
+
+    Equal strings match. So does a bare custom name written before identities
+    carried a digest (``"ledger"`` against ``"ledger#..."``): its facts were
+    never recorded, and the name is all it has. A bare built-in name never
+    matches a digest: its facts are known, and they differ.
+    """
+    if stored == identity:
+        return True
+    name, _, digest = identity.partition("#")
+    return bool(digest) and "#" not in stored and stored not in BUILTIN_PROVIDERS and stored == name

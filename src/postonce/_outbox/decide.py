@@ -18,6 +18,7 @@ from typing import Any
 
 from .._intent import TERMINAL, IntentRecord, State, StoredResponse, operator_move
 from .._sender import origin_of
+from ..providers import same_provider
 from .base import AttemptRecord, Lease, NewIntent, Opened
 
 __all__ = [
@@ -124,7 +125,10 @@ def conflict_with(record: IntentRecord, new: NewIntent) -> str | None:
         return f"it belongs to sender {record.sender!r}, not to this client ({new.sender!r})"
     if record.origin is not None and new.origin is not None and record.origin != new.origin:
         return f"it is addressed to {record.origin}, not to {new.origin}"
-    if record.provider != new.provider:
+    if not same_provider(record.provider, new.provider):
+        # Its key travels where that provider looks, and its horizon is that
+        # provider's retention: under another, it may reach a server that never
+        # saw the key (a second effect), or be retried past what the first keeps.
         return (
             f"it is stored under provider {record.provider!r}, and this call uses "
             f"{new.provider!r} (the key would travel or be kept differently)"

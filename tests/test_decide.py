@@ -1,0 +1,153 @@
+"""The outbox's decisions, as tables: what each store move writes and hands back.
+
+Pure functions of a record, a request and ``now``: the SQLite, PostgreSQL and
+memory stores all apply these, so a rule tested here holds on every backend.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from postonce import State
+from postonce._intent import IntentRecord
+from postonce._outbox import decide
+from postonce._outbox.base import Lease, NewIntent
+
+NOW = 1000.0
+NEW = NewIntent(
+    reference="o-1",
+    key="k-1",
+    key_given=False,
+    provider="stripe",
+    method="POST",
+    url="https://api.test/c",
+    headers=(),
+    body=b"{}",
+    fingerprint="f",
+    deadline_at=None,
+    sender="svc",
+    origin="https://api.test:443",
+)
+STORED = IntentRecord(
+    id=7, reference="o-1", key="k-1", provider="stripe", method="POST",
+    url="https://api.test/c", headers=(), body=b"{}", fingerprint="f",
+    state=State.PENDING, created_at=NOW - 10, first_delivery_at=NOW - 10, due_at=NOW,
+    deadline_at=None, attempts=1, last_outcome=None, lease_owner=None,
+    lease_expires_at=None, response=None, note=None, sender="svc",
+    origin="https://api.test:443",
+)  # fmt: skip
+LEASE = Lease(0, "token", "me", NOW + 60)
+
+
+@pytest.mark.parametrize(
+    ("stored", "new", "conflict"),
+    [
+        pytest.param(STORED, NEW, None, id="same"),
+        pytest.param(STORED, replace(NEW, sender="other"), "belongs to sender 'svc'", id="sender"),
+        pytest.param(replace(STORED, sender=None), NEW, None, id="unowned-row"),
+        pytest.param(
+            STORED, replace(NEW, origin="https://b.test:443"), "addressed to", id="origin"
+        ),
+        pytest.param(
+            STORED, replace(NEW, provider="paypal_orders"), "provider 'stripe'", id="prov"
+        ),
+        pytest.param(
+            STORED, replace(NEW, provider="stripe#0123456789ab"), "provider", id="facts-changed"
+        ),
+        pytest.param(
+            replace(STORED, provider="ledger"),
+            replace(NEW, provider="ledger#0123456789ab"),
+            None,
+            id="bare-custom-name-from-an-older-outbox",
+        ),
+        pytest.param(STORED, replace(NEW, fingerprint="g"), "different request", id="body"),
+        pytest.param(STORED, replace(NEW, key="k-2", key_given=True), "different key", id="key"),
+        pytest.param(STORED, replace(NEW, key="k-2"), None, id="minted-key-is-not-compared"),
+    ],
+)
+def test_conflict_with(stored: IntentRecord, new: NewIntent, conflict: str | None) -> None:
+    """Why a stored intent is not the request a caller resumes it with."""
+    found = decide.conflict_with(stored, new)
+    if conflict is None:
+        assert found is None
+    else:
+        assert found is not None
+        assert conflict in found
+
+
+@pytest.mark.parametrize(
+    ("stored", "alive", "taken"),
+    [
+        pytest.param(STORED, True, True, id="pending"),
+        pytest.param(replace(STORED, state=State.SUCCEEDED), True, False, id="finished"),
+        pytest.param(
+            replace(STORED, state=State.SENDING, lease_owner="x", lease_expires_at=NOW + 5),
+            True,
+            False,
+            id="live-lease",
+        ),
+        pytest.param(
+            replace(STORED, state=State.SENDING, lease_owner="x", lease_expires_at=NOW + 5),
+            False,
+            True,
+            id="owner-gone",
+        ),
+        pytest.param(
+            replace(STORED, state=State.SENDING, lease_owner="x", lease_expires_at=NOW),
+            True,
+            True,
+            id="lease-ran-out",
+        ),
+    ],
+)
+def test_reopened_takes_only_a_free_unfinished_intent(
+    stored: IntentRecord, alive: bool, taken: bool
+) -> None:
+    """A lease is free when there is none, it ran out, or its owner is provably gone."""
+    opened, changes = decide.reopened(stored, NEW, LEASE, NOW, lambda owner: alive)
+    assert (changes is not None) == taken
+    assert (opened.lease is not None) == taken
+    if taken:
+        assert changes is not None
+        assert changes["claim_token"] == "token"
+        assert opened.record.first_delivery_at == NOW - 10  # the horizon keeps its anchor
+        assert opened.anchor_before == NOW - 10
+
+
+def test_an_unowned_row_is_adopted_when_taken() -> None:
+    """Reopening a row of no sender writes this caller's sender and origin on it."""
+    opened, changes = decide.reopened(replace(STORED, sender=None, origin=None), NEW, LEASE, NOW)
+    assert changes is not None
+    assert (changes["sender"], changes["origin"]) == ("svc", "https://api.test:443")
+    assert opened.record.sender == "svc"
+
+
+@pytest.mark.parametrize(
+    ("row", "expected"),
+    [
+        pytest.param((1, "https://api.test/c", None), [(1, "svc", "https://api.test:443")], id="a"),
+        pytest.param((2, "https://b.test/c", None), [(2, None, "https://b.test:443")], id="b"),
+        pytest.param((3, "https://b.test/c", "https://b.test:443"), [], id="known-foreign"),
+        pytest.param((4, "not a url", None), [], id="no-origin"),
+    ],
+)
+def test_adoptions(
+    row: tuple[int, str, str | None], expected: list[tuple[int, str | None, str]]
+) -> None:
+    """Rows of no sender go to the sender whose origins they address; others learn their origin."""
+    found = decide.adoptions([row], "svc", frozenset({"https://api.test:443"}))
+    assert [(i, c.get("sender"), c["origin"]) for i, c in found] == expected
+
+
+@pytest.mark.parametrize(
+    ("record", "anchor"),
+    [
+        pytest.param(replace(STORED, first_delivery_at=None), NOW, id="never-sent"),
+        pytest.param(STORED, NOW - 10, id="maybe-delivered"),
+    ],
+)
+def test_claim_anchor(record: IntentRecord, anchor: float) -> None:
+    """A drain's claim starts the horizon now only for an intent never possibly delivered."""
+    assert decide.claim_anchor(record, NOW) == anchor
