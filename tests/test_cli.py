@@ -300,7 +300,8 @@ def test_drain_exits_1_when_something_failed(server: LoopbackServer, outbox_path
             str(outbox_path),
         ],
         cwd=ROOT,
-        env=drain_env(server, outbox_path / "unused", "fail"),
+        # The app's own outbox is one --outbox replaces: an unused file beside the real one.
+        env=drain_env(server, outbox_path.with_name("unused.sqlite3"), "fail"),
         capture_output=True,
         text=True,
         timeout=120,

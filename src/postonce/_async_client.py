@@ -22,7 +22,14 @@ from ._drain import JUST_BEFORE, DrainReport, Tally, claim_failed, count_outcome
 from ._exceptions import ConfigurationError, OutboxError, PostonceError
 from ._flow import Abandoned, Effect, Send, Sleep, StoreCall, run
 from ._intent import IntentRecord
-from ._observe import Hooks
+from ._observe import (
+    Hooks,
+    Pending,
+    await_hooks,
+    collect_awaitables,
+    drop_hooks,
+    stop_collecting,
+)
 from ._outbox.base import Opened, Store
 from ._outbox.locate import OutboxSpec
 from ._outbox.sqlite import Durability
@@ -43,7 +50,12 @@ class AsyncClient(BaseClient):
     concurrent calls share one commit. Pass any httpx async transport, for
     example ``httpx_aiohttp.AiohttpTransport()`` for throughput at high
     concurrency; the guarantees do not depend on it.
+
+    Hooks may be coroutine functions (``async def``): each is awaited where
+    its event happens, before the call goes on.
     """
+
+    _awaits_hooks = True
 
     def __init__(
         self,
@@ -148,22 +160,50 @@ class AsyncClient(BaseClient):
         goes on. A store call already queued still completes and its result
         reaches the flow first: the flow must know what it committed.
         """
+        pending, token = collect_awaitables()
+        try:
+            return await self._perform(flow, thread, pending, reference, key, on_send)
+        finally:
+            drop_hooks(pending)
+            stop_collecting(token)
+
+    async def _perform(
+        self,
+        flow: Generator[Effect, Any, Any],
+        thread: StoreThread,
+        pending: Pending,
+        reference: str,
+        key: str,
+        on_send: Callable[[], None] | None,
+    ) -> Any:
         value: Any = None
         error: BaseException | None = None
         cancelled: BaseException | None = None
+        cancelled_exc = anyio.get_cancelled_exc_class()
         while True:
             try:
                 effect = flow.throw(error) if error is not None else flow.send(value)
             except StopIteration as stop:
                 if cancelled is not None:
                     raise cancelled from None
+                await await_hooks(pending)
                 return stop.value
             except Abandoned:
                 assert cancelled is not None
                 raise cancelled from None
-            except OutboxError as exc:
-                raise named(exc, reference, key) from exc
+            except Exception as exc:
+                if cancelled is None:
+                    await await_hooks(pending)
+                if isinstance(exc, OutboxError):
+                    raise named(exc, reference, key) from exc
+                raise
             value, error = None, None
+            if pending and cancelled is None:
+                # Coroutine hooks run before the call goes on, as plain hooks do.
+                try:
+                    await await_hooks(pending)
+                except cancelled_exc as exc:
+                    cancelled = exc
             if cancelled is not None and not isinstance(effect, StoreCall):
                 error = Abandoned()
                 continue
@@ -181,7 +221,7 @@ class AsyncClient(BaseClient):
                     ticket = thread.submit(effect.method, effect.kwargs)
                     with anyio.CancelScope(shield=cancelled is not None):
                         value = await ticket.wait()
-            except anyio.get_cancelled_exc_class() as exc:
+            except cancelled_exc as exc:
                 cancelled = exc
                 if isinstance(effect, StoreCall):
                     try:

@@ -24,9 +24,9 @@ from ._exceptions import ConfigurationError, PostonceError
 from ._flow import Effect, Sender, StoreCall, send_claimed
 from ._http import adapt_timeout, library_of
 from ._intent import IntentRecord
-from ._observe import Hooks
+from ._observe import Hooks, coroutine_hooks
 from ._outbox.base import NewIntent, Opened, Store
-from ._outbox.locate import OutboxSpec, open_store
+from ._outbox.locate import OutboxSpec, check_spec, open_store
 from ._outbox.sqlite import Durability
 from ._policy import RetryPolicy
 from ._wire import DEFAULT_SECRET_HEADERS, UNSET, HeaderInput, Prepared, prepare
@@ -82,6 +82,8 @@ class BaseClient:
     """Settings and planning shared by both clients; see ``Client`` for the parameters."""
 
     _http: httpx.Client | httpx.AsyncClient
+    #: Whether this client awaits coroutine hooks (AsyncClient) or refuses them (Client).
+    _awaits_hooks = False
 
     def __init__(
         self,
@@ -104,6 +106,9 @@ class BaseClient:
         self._secret_names = frozenset(
             {*DEFAULT_SECRET_HEADERS, *(name.lower() for name in secret_headers)}
         )
+        # Checked now, opened on first use: a typo'd URL or directory fails where the
+        # client is built, not at the first charge with a key that was never stored.
+        check_spec(outbox)
         self._outbox_spec = outbox
         self._durability: Durability = durability
         self._store: Store | None = (
@@ -119,6 +124,14 @@ class BaseClient:
         )
         if not all(isinstance(h, Hooks) for h in self.hooks):
             raise ConfigurationError("hooks= takes a postonce.Hooks or a sequence of them")
+        if not self._awaits_hooks:
+            for registered in self.hooks:
+                for name, hook in coroutine_hooks(registered):
+                    raise ConfigurationError(
+                        f"hook {name}={getattr(hook, '__qualname__', hook)!r} is a coroutine "
+                        "function: postonce.Client calls hooks without awaiting them; use a "
+                        "plain function, or postonce.AsyncClient, which awaits them"
+                    )
         #: The client-wide retry budget (None: retries are never held back).
         self.retry_budget: RetryBudget | None = (
             RetryBudget()
@@ -169,6 +182,7 @@ class BaseClient:
         """Point this client at another outbox; only before the outbox is first used."""
         if self._store is not None:
             raise ConfigurationError("the outbox is already open; choose it before first use")
+        check_spec(outbox)
         self._outbox_spec = outbox
         if outbox is not None and not isinstance(outbox, str | os.PathLike):
             self._store, self._owns_store = outbox, False

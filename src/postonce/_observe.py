@@ -5,13 +5,19 @@ Every event is logged to ``logging.getLogger("postonce")`` with structured
 passed to the client's :class:`Hooks`. Hooks run on the caller's thread (or
 event loop) right where the event happens, so keep them quick; an exception
 from a hook is logged and never changes what postonce does.
+
+``AsyncClient`` also takes coroutine functions (``async def``) as hooks and
+awaits each one before its call goes on; ``Client`` refuses them when it is
+built, since it could only drop the coroutine unawaited.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, fields
 from typing import Any
 
 from ._intent import Outcome, State
@@ -22,10 +28,16 @@ __all__ = [
     "ExpiryDetail",
     "GiveUpDetail",
     "Hooks",
+    "Pending",
     "ReplayDetail",
     "RetryDetail",
     "StartDetail",
+    "await_hooks",
+    "collect_awaitables",
+    "coroutine_hooks",
+    "drop_hooks",
     "emit",
+    "stop_collecting",
 ]
 
 logger = logging.getLogger("postonce")
@@ -196,8 +208,65 @@ def _log(detail: object) -> None:
         )
 
 
+Pending = list[tuple[str, Any, Awaitable[object]]]
+
+# The awaitables coroutine hooks returned, collected for the AsyncClient task that
+# drives the flow (each task has its own context, so concurrent calls never mix).
+# The flow is a plain generator and cannot await; its driver awaits them between steps.
+_PENDING: ContextVar[Pending | None] = ContextVar("postonce_pending_hooks", default=None)
+
+
+def _is_coroutine_function(hook: object) -> bool:
+    return inspect.iscoroutinefunction(hook) or inspect.iscoroutinefunction(
+        getattr(hook, "__call__", None)  # noqa: B004 -- an object with an async __call__
+    )
+
+
+def coroutine_hooks(hooks: Hooks) -> Iterator[tuple[str, Callable[..., object]]]:
+    """The hooks of ``hooks`` that are coroutine functions, by field name."""
+    for field in fields(hooks):
+        hook = getattr(hooks, field.name)
+        if hook is not None and _is_coroutine_function(hook):
+            yield field.name, hook
+
+
+def collect_awaitables() -> tuple[Pending, object]:
+    """Start collecting this task's hook awaitables; returns the list and a reset token."""
+    pending: Pending = []
+    return pending, _PENDING.set(pending)
+
+
+def stop_collecting(token: object) -> None:
+    """Stop collecting (the token from :func:`collect_awaitables`)."""
+    _PENDING.reset(token)  # type: ignore[arg-type]  # the Token collect_awaitables made
+
+
+async def await_hooks(pending: Pending) -> None:
+    """Await the coroutine hooks collected so far, in order; a failing one is only logged."""
+    while pending:
+        name, detail, awaitable = pending.pop(0)
+        try:
+            await awaitable
+        except Exception:
+            logger.exception("postonce hook %s failed on %r", name, detail)
+
+
+def drop_hooks(pending: Pending) -> None:
+    """Discard hooks that will not be awaited (the call was cancelled), without a warning."""
+    while pending:
+        _, _, awaitable = pending.pop(0)
+        close = getattr(awaitable, "close", None)
+        if close is not None:
+            close()
+
+
 def emit(hooks: Sequence[Hooks], detail: Any) -> None:
-    """Log one event and hand it to every registered hook; a failing hook is only logged."""
+    """Log one event and hand it to every registered hook; a failing hook is only logged.
+
+    A hook that returns an awaitable is awaited by the AsyncClient driving
+    this call before the call goes on; with nothing to await it, it is
+    closed and a warning logged.
+    """
     _log(detail)
     name = _HOOK_OF[type(detail)]
     for registered in hooks:
@@ -205,6 +274,18 @@ def emit(hooks: Sequence[Hooks], detail: Any) -> None:
         if hook is None:
             continue
         try:
-            hook(detail)
+            result = hook(detail)
         except Exception:
             logger.exception("postonce hook %s failed on %r", name, detail)
+            continue
+        if inspect.isawaitable(result):
+            pending = _PENDING.get()
+            if pending is not None:
+                pending.append((name, detail, result))
+            else:
+                drop_hooks([(name, detail, result)])
+                logger.warning(
+                    "postonce hook %s returned an awaitable outside an AsyncClient; "
+                    "it was not awaited",
+                    name,
+                )
