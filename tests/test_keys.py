@@ -91,7 +91,7 @@ def test_check_key_refuses(key: object, provider: Provider) -> None:
     """A key the provider cannot take raw raises InvalidKey naming the reference."""
     with pytest.raises(InvalidKey) as info:
         check_key(key, provider, reference=REFERENCE)
-    assert info.value.reference == REFERENCE
+    assert info.value.intent == REFERENCE
     assert REFERENCE in str(info.value)
 
 
@@ -99,7 +99,7 @@ def test_check_key_refusal_without_reference() -> None:
     """A refusal with no reference carries reference None."""
     with pytest.raises(InvalidKey) as info:
         check_key("a b", STRIPE, reference=None)
-    assert info.value.reference is None
+    assert info.value.intent is None
 
 
 def test_invalid_key_is_invalid_request() -> None:
@@ -224,7 +224,7 @@ def test_fingerprint_fields_need_a_json_object(body: object) -> None:
         fingerprint(
             "POST", TARGET, json_body=body, is_json=True, fields=FIELDS, reference=REFERENCE
         )
-    assert info.value.reference == REFERENCE
+    assert info.value.intent == REFERENCE
 
 
 def test_fingerprint_fields_need_a_json_body() -> None:
@@ -233,7 +233,7 @@ def test_fingerprint_fields_need_a_json_body() -> None:
         fingerprint(
             "POST", TARGET, raw_body=b"a=1", is_json=False, fields=FIELDS, reference=REFERENCE
         )
-    assert info.value.reference == REFERENCE
+    assert info.value.intent == REFERENCE
 
 
 def test_fingerprint_raw_body_is_hashed_as_bytes() -> None:
@@ -277,5 +277,5 @@ def test_fingerprint_refuses_unserialisable_json(body: object) -> None:
     """A JSON body that cannot be serialised raises InvalidRequest naming the reference."""
     with pytest.raises(InvalidRequest) as info:
         fingerprint("POST", TARGET, json_body=body, is_json=True, reference=REFERENCE)
-    assert info.value.reference == REFERENCE
+    assert info.value.intent == REFERENCE
     assert REFERENCE in str(info.value)

@@ -32,9 +32,11 @@ from ._observe import (
     ExpiryDetail,
     GiveUpDetail,
     Hooks,
+    OnceInfo,
     ReplayDetail,
     RetryDetail,
     StartDetail,
+    info,
 )
 from ._outbox import SQLiteStore, Store, default_outbox_path
 from ._outbox.base import AttemptRecord
@@ -66,6 +68,7 @@ __all__ = [
     "IntentResolved",
     "InvalidKey",
     "InvalidRequest",
+    "OnceInfo",
     "OnceOptions",
     "OutboxError",
     "Outcome",
@@ -85,4 +88,5 @@ __all__ = [
     "__version__",
     "default_outbox_path",
     "get_provider",
+    "info",
 ]

@@ -14,9 +14,8 @@ from typing import Any
 
 import anyio
 import httpx
-from typing_extensions import Unpack
 
-from ._base import BaseClient, OnceOptions, named
+from ._base import BaseClient, DeadlineInput, named, with_options
 from ._budget import RetryBudget
 from ._drain import JUST_BEFORE, DrainReport, Tally, claim_failed, count_outcome
 from ._exceptions import ConfigurationError, OutboxError, PostonceError
@@ -35,7 +34,7 @@ from ._outbox.locate import OutboxSpec
 from ._outbox.sqlite import Durability
 from ._outbox.threaded import StoreThread
 from ._policy import RetryPolicy
-from ._wire import HeaderInput
+from ._wire import UNSET, HeaderInput
 from .providers import Provider
 
 __all__ = ["AsyncClient"]
@@ -123,11 +122,24 @@ class AsyncClient(BaseClient):
 
     # -- requests ------------------------------------------------------------
 
+    @with_options
     async def request_once(
         self,
         method: str,
         url: httpx.URL | str,
-        **options: Unpack[OnceOptions],
+        *,
+        intent: str | None = None,
+        key: str | None = None,
+        json: Any = UNSET,
+        content: Any = UNSET,
+        data: Any = UNSET,
+        params: Any = None,
+        headers: HeaderInput = None,
+        timeout: Any = httpx.USE_CLIENT_DEFAULT,
+        provider: str | Provider | None = None,
+        retry: RetryPolicy | None = None,
+        deadline: DeadlineInput = None,
+        fingerprint_fields: Sequence[str] | None = None,
     ) -> httpx.Response:
         """Send ``method url`` once per intent; see :meth:`postonce.Client.request_once`.
 
@@ -135,7 +147,22 @@ class AsyncClient(BaseClient):
         a send that may have been written is recorded as ambiguous and left
         pending for the drain; a claim that sent nothing is released.
         """
-        prepared, sender, new = self._plan(method, url, **options)
+        prepared, sender, new = self._plan(
+            method,
+            url,
+            intent=intent,
+            key=key,
+            json=json,
+            content=content,
+            data=data,
+            params=params,
+            headers=headers,
+            timeout=timeout,
+            provider=provider,
+            retry=retry,
+            deadline=deadline,
+            fingerprint_fields=fingerprint_fields,
+        )
         try:
             thread = await self._store_thread()
         except PostonceError as exc:
@@ -234,27 +261,149 @@ class AsyncClient(BaseClient):
             except Exception as exc:
                 error = exc
 
+    @with_options
     async def post_once(
-        self, url: httpx.URL | str, **kwargs: Unpack[OnceOptions]
+        self,
+        url: httpx.URL | str,
+        *,
+        intent: str | None = None,
+        key: str | None = None,
+        json: Any = UNSET,
+        content: Any = UNSET,
+        data: Any = UNSET,
+        params: Any = None,
+        headers: HeaderInput = None,
+        timeout: Any = httpx.USE_CLIENT_DEFAULT,
+        provider: str | Provider | None = None,
+        retry: RetryPolicy | None = None,
+        deadline: DeadlineInput = None,
+        fingerprint_fields: Sequence[str] | None = None,
     ) -> httpx.Response:
         """``await request_once("POST", url, ...)``: the usual case."""
-        return await self.request_once("POST", url, **kwargs)
+        return await self.request_once(
+            "POST",
+            url,
+            intent=intent,
+            key=key,
+            json=json,
+            content=content,
+            data=data,
+            params=params,
+            headers=headers,
+            timeout=timeout,
+            provider=provider,
+            retry=retry,
+            deadline=deadline,
+            fingerprint_fields=fingerprint_fields,
+        )
 
-    async def put_once(self, url: httpx.URL | str, **kwargs: Unpack[OnceOptions]) -> httpx.Response:
+    @with_options
+    async def put_once(
+        self,
+        url: httpx.URL | str,
+        *,
+        intent: str | None = None,
+        key: str | None = None,
+        json: Any = UNSET,
+        content: Any = UNSET,
+        data: Any = UNSET,
+        params: Any = None,
+        headers: HeaderInput = None,
+        timeout: Any = httpx.USE_CLIENT_DEFAULT,
+        provider: str | Provider | None = None,
+        retry: RetryPolicy | None = None,
+        deadline: DeadlineInput = None,
+        fingerprint_fields: Sequence[str] | None = None,
+    ) -> httpx.Response:
         """``await request_once("PUT", url, ...)``."""
-        return await self.request_once("PUT", url, **kwargs)
+        return await self.request_once(
+            "PUT",
+            url,
+            intent=intent,
+            key=key,
+            json=json,
+            content=content,
+            data=data,
+            params=params,
+            headers=headers,
+            timeout=timeout,
+            provider=provider,
+            retry=retry,
+            deadline=deadline,
+            fingerprint_fields=fingerprint_fields,
+        )
 
+    @with_options
     async def patch_once(
-        self, url: httpx.URL | str, **kwargs: Unpack[OnceOptions]
+        self,
+        url: httpx.URL | str,
+        *,
+        intent: str | None = None,
+        key: str | None = None,
+        json: Any = UNSET,
+        content: Any = UNSET,
+        data: Any = UNSET,
+        params: Any = None,
+        headers: HeaderInput = None,
+        timeout: Any = httpx.USE_CLIENT_DEFAULT,
+        provider: str | Provider | None = None,
+        retry: RetryPolicy | None = None,
+        deadline: DeadlineInput = None,
+        fingerprint_fields: Sequence[str] | None = None,
     ) -> httpx.Response:
         """``await request_once("PATCH", url, ...)``."""
-        return await self.request_once("PATCH", url, **kwargs)
+        return await self.request_once(
+            "PATCH",
+            url,
+            intent=intent,
+            key=key,
+            json=json,
+            content=content,
+            data=data,
+            params=params,
+            headers=headers,
+            timeout=timeout,
+            provider=provider,
+            retry=retry,
+            deadline=deadline,
+            fingerprint_fields=fingerprint_fields,
+        )
 
+    @with_options
     async def delete_once(
-        self, url: httpx.URL | str, **kwargs: Unpack[OnceOptions]
+        self,
+        url: httpx.URL | str,
+        *,
+        intent: str | None = None,
+        key: str | None = None,
+        json: Any = UNSET,
+        content: Any = UNSET,
+        data: Any = UNSET,
+        params: Any = None,
+        headers: HeaderInput = None,
+        timeout: Any = httpx.USE_CLIENT_DEFAULT,
+        provider: str | Provider | None = None,
+        retry: RetryPolicy | None = None,
+        deadline: DeadlineInput = None,
+        fingerprint_fields: Sequence[str] | None = None,
     ) -> httpx.Response:
         """``await request_once("DELETE", url, ...)``."""
-        return await self.request_once("DELETE", url, **kwargs)
+        return await self.request_once(
+            "DELETE",
+            url,
+            intent=intent,
+            key=key,
+            json=json,
+            content=content,
+            data=data,
+            params=params,
+            headers=headers,
+            timeout=timeout,
+            provider=provider,
+            retry=retry,
+            deadline=deadline,
+            fingerprint_fields=fingerprint_fields,
+        )
 
     # -- the drain -----------------------------------------------------------
 

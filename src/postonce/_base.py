@@ -6,6 +6,7 @@ clients differ only in how they perform the flow's effects.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import secrets
@@ -32,7 +33,7 @@ from ._policy import RetryPolicy
 from ._wire import DEFAULT_SECRET_HEADERS, UNSET, HeaderInput, Prepared, prepare
 from .providers import Provider, get_provider
 
-__all__ = ["BaseClient", "DeadlineInput", "OnceOptions", "named"]
+__all__ = ["BaseClient", "DeadlineInput", "OnceOptions", "named", "with_options"]
 
 logger = logging.getLogger("postonce")
 
@@ -41,7 +42,29 @@ HttpT = TypeVar("HttpT", httpx.Client, httpx.AsyncClient)
 
 
 class OnceOptions(TypedDict, total=False):
-    """The keyword arguments of ``request_once``, for its shortcuts."""
+    """The options of ``request_once`` and its ``post_once``/``put_once``/... shortcuts.
+
+    Every option is keyword-only and may be left out:
+
+    - ``intent``: what you want done once, e.g. ``"order-1234/charge"``; calling again
+      with it returns the stored answer or resumes the pending intent with its key.
+      Without it the call is its own intent.
+    - ``key``: your own idempotency key instead of a minted UUIDv4 (checked against
+      the provider's rules before anything is stored).
+    - ``json``: a JSON body; fingerprinted as canonical JSON (key order does not matter).
+    - ``content``: a raw body (bytes or str); fingerprinted as its bytes.
+    - ``data``: a form body: a flat mapping of names to scalars, or to lists of scalars
+      for a repeated field; field order does not matter. A nested dict or list is
+      refused: use the provider's bracket names, e.g. ``metadata[order_id]``.
+    - ``params``: query parameters, merged into the URL as httpx merges them.
+    - ``headers``: this call's headers; secret ones are sent but never stored.
+    - ``timeout``: the httpx timeout of each send (default: the client's).
+    - ``provider``: a profile name or :class:`Provider` for this call (default: the client's).
+    - ``retry``: a :class:`RetryPolicy` for this call (default: the client's).
+    - ``deadline``: a ``timedelta`` or an aware ``datetime``; past it the intent is not
+      sent again (cancelled if never delivered, else expired).
+    - ``fingerprint_fields``: dotted JSON fields that alone make the fingerprint.
+    """
 
     intent: str | None
     key: str | None
@@ -57,6 +80,20 @@ class OnceOptions(TypedDict, total=False):
     fingerprint_fields: Sequence[str] | None
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def with_options(method: F) -> F:
+    """Append the one description of the options (``OnceOptions``) to a ``*_once`` docstring.
+
+    One source for ``help(Client.post_once)`` and the API page, in both clients.
+    """
+    own = inspect.cleandoc(method.__doc__ or "")
+    options = inspect.cleandoc(OnceOptions.__doc__ or "").split("\n", 2)[2]
+    method.__doc__ = f"{own}\n\n{options}"
+    return method
+
+
 def _deadline(deadline: DeadlineInput, now: float, reference: str | None) -> float | None:
     if deadline is None:
         return None
@@ -65,15 +102,15 @@ def _deadline(deadline: DeadlineInput, now: float, reference: str | None) -> flo
     if isinstance(deadline, datetime) and deadline.tzinfo is not None:
         return deadline.timestamp()
     raise ConfigurationError(
-        "deadline= takes a timedelta or a timezone-aware datetime", reference=reference
+        "deadline= takes a timedelta or a timezone-aware datetime", intent=reference
     )
 
 
 def named(exc: PostonceError, reference: str, key: str) -> PostonceError:
     """The same error, naming the intent it happened to."""
-    if exc.reference is not None:
+    if exc.intent is not None:
         return exc
-    renamed = type(exc)(exc.message, reference=reference, key=key)
+    renamed = type(exc)(exc.message, intent=reference, key=key)
     renamed.__cause__ = exc.__cause__ or exc
     return renamed
 
@@ -211,7 +248,7 @@ class BaseClient:
         try:
             profile = get_provider(provider) if provider is not None else self.provider
         except PostonceError as exc:
-            raise type(exc)(exc.message, reference=intent) from None
+            raise type(exc)(exc.message, intent=intent) from None
         prepared = prepare(
             self._http,
             method,

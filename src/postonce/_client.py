@@ -8,9 +8,8 @@ from collections.abc import Callable, Collection, Generator, Sequence
 from typing import Any
 
 import httpx
-from typing_extensions import Unpack
 
-from ._base import BaseClient, OnceOptions, named
+from ._base import BaseClient, DeadlineInput, named, with_options
 from ._budget import RetryBudget
 from ._drain import DrainReport, Tally, count_outcome, run_drain, stop_on_signals
 from ._exceptions import ConfigurationError, OutboxError, PostonceError
@@ -22,7 +21,7 @@ from ._outbox.behind import WriteBehind
 from ._outbox.locate import OutboxSpec
 from ._outbox.sqlite import Durability
 from ._policy import RetryPolicy
-from ._wire import HeaderInput
+from ._wire import UNSET, HeaderInput
 from .providers import Provider
 
 __all__ = ["Client"]
@@ -116,17 +115,27 @@ class Client(BaseClient):
 
     # -- requests ------------------------------------------------------------
 
+    @with_options
     def request_once(
         self,
         method: str,
         url: httpx.URL | str,
-        **options: Unpack[OnceOptions],
+        *,
+        intent: str | None = None,
+        key: str | None = None,
+        json: Any = UNSET,
+        content: Any = UNSET,
+        data: Any = UNSET,
+        params: Any = None,
+        headers: HeaderInput = None,
+        timeout: Any = httpx.USE_CLIENT_DEFAULT,
+        provider: str | Provider | None = None,
+        retry: RetryPolicy | None = None,
+        deadline: DeadlineInput = None,
+        fingerprint_fields: Sequence[str] | None = None,
     ) -> httpx.Response:
         """Send ``method url`` once per intent; return the one true answer.
 
-        Takes httpx's ``json``, ``content``, ``data``, ``params``, ``headers``
-        and ``timeout``, and postonce's ``intent``, ``key``, ``provider``,
-        ``retry``, ``deadline`` and ``fingerprint_fields`` (see ``OnceOptions``).
         ``intent`` names what you want done once (``"order-1234/charge"``);
         without it the call is its own intent. The intent is committed to the
         outbox before the first send. A final answer (2xx, or a 4xx such as
@@ -139,7 +148,22 @@ class Client(BaseClient):
         :class:`IdempotencyKeyMismatch`, :class:`IntentConflict`, or
         :class:`InvalidRequest` / :class:`OutboxError` before anything is sent.
         """
-        prepared, sender, new = self._plan(method, url, **options)
+        prepared, sender, new = self._plan(
+            method,
+            url,
+            intent=intent,
+            key=key,
+            json=json,
+            content=content,
+            data=data,
+            params=params,
+            headers=headers,
+            timeout=timeout,
+            provider=provider,
+            retry=retry,
+            deadline=deadline,
+            fingerprint_fields=fingerprint_fields,
+        )
         try:
             writer = self._writer_for()
         except PostonceError as exc:
@@ -198,21 +222,149 @@ class Client(BaseClient):
             except KeyboardInterrupt as exc:
                 interrupted, error = exc, Abandoned()
 
-    def post_once(self, url: httpx.URL | str, **kwargs: Unpack[OnceOptions]) -> httpx.Response:
+    @with_options
+    def post_once(
+        self,
+        url: httpx.URL | str,
+        *,
+        intent: str | None = None,
+        key: str | None = None,
+        json: Any = UNSET,
+        content: Any = UNSET,
+        data: Any = UNSET,
+        params: Any = None,
+        headers: HeaderInput = None,
+        timeout: Any = httpx.USE_CLIENT_DEFAULT,
+        provider: str | Provider | None = None,
+        retry: RetryPolicy | None = None,
+        deadline: DeadlineInput = None,
+        fingerprint_fields: Sequence[str] | None = None,
+    ) -> httpx.Response:
         """``request_once("POST", url, ...)``: the usual case."""
-        return self.request_once("POST", url, **kwargs)
+        return self.request_once(
+            "POST",
+            url,
+            intent=intent,
+            key=key,
+            json=json,
+            content=content,
+            data=data,
+            params=params,
+            headers=headers,
+            timeout=timeout,
+            provider=provider,
+            retry=retry,
+            deadline=deadline,
+            fingerprint_fields=fingerprint_fields,
+        )
 
-    def put_once(self, url: httpx.URL | str, **kwargs: Unpack[OnceOptions]) -> httpx.Response:
+    @with_options
+    def put_once(
+        self,
+        url: httpx.URL | str,
+        *,
+        intent: str | None = None,
+        key: str | None = None,
+        json: Any = UNSET,
+        content: Any = UNSET,
+        data: Any = UNSET,
+        params: Any = None,
+        headers: HeaderInput = None,
+        timeout: Any = httpx.USE_CLIENT_DEFAULT,
+        provider: str | Provider | None = None,
+        retry: RetryPolicy | None = None,
+        deadline: DeadlineInput = None,
+        fingerprint_fields: Sequence[str] | None = None,
+    ) -> httpx.Response:
         """``request_once("PUT", url, ...)``."""
-        return self.request_once("PUT", url, **kwargs)
+        return self.request_once(
+            "PUT",
+            url,
+            intent=intent,
+            key=key,
+            json=json,
+            content=content,
+            data=data,
+            params=params,
+            headers=headers,
+            timeout=timeout,
+            provider=provider,
+            retry=retry,
+            deadline=deadline,
+            fingerprint_fields=fingerprint_fields,
+        )
 
-    def patch_once(self, url: httpx.URL | str, **kwargs: Unpack[OnceOptions]) -> httpx.Response:
+    @with_options
+    def patch_once(
+        self,
+        url: httpx.URL | str,
+        *,
+        intent: str | None = None,
+        key: str | None = None,
+        json: Any = UNSET,
+        content: Any = UNSET,
+        data: Any = UNSET,
+        params: Any = None,
+        headers: HeaderInput = None,
+        timeout: Any = httpx.USE_CLIENT_DEFAULT,
+        provider: str | Provider | None = None,
+        retry: RetryPolicy | None = None,
+        deadline: DeadlineInput = None,
+        fingerprint_fields: Sequence[str] | None = None,
+    ) -> httpx.Response:
         """``request_once("PATCH", url, ...)``."""
-        return self.request_once("PATCH", url, **kwargs)
+        return self.request_once(
+            "PATCH",
+            url,
+            intent=intent,
+            key=key,
+            json=json,
+            content=content,
+            data=data,
+            params=params,
+            headers=headers,
+            timeout=timeout,
+            provider=provider,
+            retry=retry,
+            deadline=deadline,
+            fingerprint_fields=fingerprint_fields,
+        )
 
-    def delete_once(self, url: httpx.URL | str, **kwargs: Unpack[OnceOptions]) -> httpx.Response:
+    @with_options
+    def delete_once(
+        self,
+        url: httpx.URL | str,
+        *,
+        intent: str | None = None,
+        key: str | None = None,
+        json: Any = UNSET,
+        content: Any = UNSET,
+        data: Any = UNSET,
+        params: Any = None,
+        headers: HeaderInput = None,
+        timeout: Any = httpx.USE_CLIENT_DEFAULT,
+        provider: str | Provider | None = None,
+        retry: RetryPolicy | None = None,
+        deadline: DeadlineInput = None,
+        fingerprint_fields: Sequence[str] | None = None,
+    ) -> httpx.Response:
         """``request_once("DELETE", url, ...)``."""
-        return self.request_once("DELETE", url, **kwargs)
+        return self.request_once(
+            "DELETE",
+            url,
+            intent=intent,
+            key=key,
+            json=json,
+            content=content,
+            data=data,
+            params=params,
+            headers=headers,
+            timeout=timeout,
+            provider=provider,
+            retry=retry,
+            deadline=deadline,
+            fingerprint_fields=fingerprint_fields,
+        )
 
     # -- the drain -----------------------------------------------------------
 

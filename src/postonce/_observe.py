@@ -20,7 +20,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ._intent import Outcome, State
+from ._exceptions import PostonceError
+from ._intent import IntentInfo, Outcome, State
 
 __all__ = [
     "AttemptDetail",
@@ -28,6 +29,7 @@ __all__ = [
     "ExpiryDetail",
     "GiveUpDetail",
     "Hooks",
+    "OnceInfo",
     "Pending",
     "ReplayDetail",
     "RetryDetail",
@@ -37,6 +39,7 @@ __all__ = [
     "coroutine_hooks",
     "drop_hooks",
     "emit",
+    "info",
     "stop_collecting",
 ]
 
@@ -124,6 +127,42 @@ class EndDetail:
     error: str | None  # the exception's type name, if it raised
     provider: str = ""
     drain: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class OnceInfo:
+    """What postonce says about the intent behind a response: ``postonce.info(response)``."""
+
+    intent: str  # the caller's intent=, or the key when none was given
+    key: str
+    state: State
+    attempts: int  # sends recorded for the intent, across every process
+    replayed: bool  # the server marked this answer as a replay of an earlier one
+    from_outbox: bool  # the answer was read from the outbox; nothing was sent now
+    truncated: bool  # from the outbox, and longer than the outbox keeps
+
+
+def info(response: Any) -> OnceInfo:
+    """The typed record of the intent behind a response a ``*_once`` call returned.
+
+    The same facts as ``response.extensions["postonce"]``, typed for mypy. Raises
+    :class:`PostonceError` for a response that did not come from postonce.
+    """
+    raw = getattr(response, "extensions", {}).get("postonce")
+    if not isinstance(raw, IntentInfo):
+        raise PostonceError(
+            "this response did not come from a postonce *_once call: it has no "
+            'extensions["postonce"]'
+        )
+    return OnceInfo(
+        intent=raw.reference,
+        key=raw.key,
+        state=raw.state,
+        attempts=raw.attempts,
+        replayed=raw.replayed,
+        from_outbox=raw.from_outbox,
+        truncated=raw.truncated,
+    )
 
 
 @dataclass(frozen=True, slots=True)
