@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -82,6 +83,18 @@ class Unserialisable:
             postonce.InvalidRequest,
             id="two-bodies",
         ),
+        pytest.param(
+            "stripe",
+            {"data": {"amount": 1, "metadata": {"order_id": "N1"}}},
+            postonce.InvalidRequest,
+            id="form-nested-dict",
+        ),
+        pytest.param(
+            "stripe",
+            {"data": {"items": [{"price": "p_1"}]}},
+            postonce.InvalidRequest,
+            id="form-list-of-dicts",
+        ),
     ],
 )
 def test_bad_call_is_refused_before_anything_is_stored(
@@ -94,7 +107,8 @@ def test_bad_call_is_refused_before_anything_is_stored(
     """Each bad call raises its typed error naming the intent; nothing sent, no row."""
     never = Never()
     client = make_client(provider=provider, transport=httpx.MockTransport(never))
-    kwargs.setdefault("json", {"amount": 1})
+    if not {"json", "content", "data"} & kwargs.keys():
+        kwargs["json"] = {"amount": 1}
     with pytest.raises(error) as exc:
         client.post_once("/charge", intent="order-9/charge", **kwargs)
     assert isinstance(exc.value, postonce.PostonceError)
@@ -209,3 +223,10 @@ def test_unreachable_postgres_is_an_outbox_error(make_sync_client: ClientFactory
         client.post_once("/charge", json={"a": 1}, intent="order-13/charge")
     assert exc.value.intent == "order-13/charge"
     assert never.sent == []
+
+
+def test_nested_form_value_names_the_bracket_spelling(make_sync_client: ClientFactory) -> None:
+    """The refusal of a nested data= value shows the provider's bracket notation to use."""
+    client = make_sync_client(provider="stripe", transport=httpx.MockTransport(Never()))
+    with pytest.raises(postonce.InvalidRequest, match=re.escape("metadata[order_id]")):
+        client.post_once("/v1/charges", data={"metadata": {"order_id": "N1"}}, intent="o-14")
