@@ -29,7 +29,7 @@ from ._observe import Hooks, coroutine_hooks
 from ._outbox.base import NewIntent, Opened, Store
 from ._outbox.locate import OutboxSpec, check_spec, open_store
 from ._outbox.sqlite import Durability
-from ._policy import RetryPolicy
+from ._policy import TESTING, RetryPolicy
 from ._wire import DEFAULT_SECRET_HEADERS, UNSET, HeaderInput, Prepared, prepare
 from .providers import Provider, get_provider
 
@@ -291,9 +291,12 @@ class BaseClient:
             timeout = lib.USE_CLIENT_DEFAULT  # httpx2's client knows only its own marker
         else:
             timeout = adapt_timeout(timeout, lib)
+        policy = retry if retry is not None else self.retry
+        if TESTING.on and TESTING.attempts is not None and policy.attempts > TESTING.attempts:
+            policy = policy.model_copy(update={"attempts": TESTING.attempts})
         return Sender(
             provider=provider,
-            policy=retry if retry is not None else self.retry,
+            policy=policy,
             owner=self.owner,
             lease_seconds=self.lease_seconds,
             clock=self._clock,
