@@ -24,9 +24,11 @@ from ._intent import IntentRecord
 from ._observe import (
     Hooks,
     Pending,
+    SendDetail,
     await_hooks,
     collect_awaitables,
     drop_hooks,
+    sending,
     stop_collecting,
 )
 from ._outbox.base import Opened, Store
@@ -207,6 +209,7 @@ class AsyncClient(BaseClient):
         error: BaseException | None = None
         cancelled: BaseException | None = None
         cancelled_exc = anyio.get_cancelled_exc_class()
+        sends, outbox_seconds = 0, 0.0
         while True:
             try:
                 effect = flow.throw(error) if error is not None else flow.send(value)
@@ -238,16 +241,25 @@ class AsyncClient(BaseClient):
                 if isinstance(effect, Send):
                     if on_send is not None:
                         on_send()
-                    value = await self._http.send(effect.request)
+                    if self._around_send:
+                        sends += 1
+                        detail = SendDetail(reference, key, sends, outbox_seconds)
+                        outbox_seconds = 0.0
+                        with sending(self.hooks, detail):
+                            value = await self._http.send(effect.request)
+                    else:
+                        value = await self._http.send(effect.request)
                 elif isinstance(effect, Sleep):
                     await anyio.sleep(effect.seconds)
                 elif effect.behind:
                     thread.submit(effect.method, effect.kwargs, behind=True)
                     value = True
                 else:
+                    began = time.perf_counter()
                     ticket = thread.submit(effect.method, effect.kwargs)
                     with anyio.CancelScope(shield=cancelled is not None):
                         value = await ticket.wait()
+                    outbox_seconds += time.perf_counter() - began
             except cancelled_exc as exc:
                 cancelled = exc
                 if isinstance(effect, StoreCall):

@@ -161,6 +161,8 @@ class BaseClient:
         )
         if not all(isinstance(h, Hooks) for h in self.hooks):
             raise ConfigurationError("hooks= takes a postonce.Hooks or a sequence of them")
+        #: Whether any hook wraps sends: the drive loops time the outbox only then.
+        self._around_send = any(h.around_send is not None for h in self.hooks)
         if not self._awaits_hooks:
             for registered in self.hooks:
                 for name, hook in coroutine_hooks(registered):

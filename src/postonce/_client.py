@@ -15,7 +15,7 @@ from ._drain import DrainReport, Tally, count_outcome, run_drain, stop_on_signal
 from ._exceptions import ConfigurationError, OutboxError, PostonceError
 from ._flow import Abandoned, Effect, Send, Sleep, StoreCall, run
 from ._intent import IntentRecord
-from ._observe import Hooks
+from ._observe import Hooks, SendDetail, sending
 from ._outbox.base import Opened, Store
 from ._outbox.behind import WriteBehind
 from ._outbox.locate import OutboxSpec
@@ -189,6 +189,7 @@ class Client(BaseClient):
         value: Any = None
         error: BaseException | None = None
         interrupted: BaseException | None = None
+        sends, outbox_seconds = 0, 0.0
         while True:
             try:
                 effect = flow.throw(error) if error is not None else flow.send(value)
@@ -209,14 +210,23 @@ class Client(BaseClient):
                 if isinstance(effect, Send):
                     if on_send is not None:
                         on_send()
-                    value = self._http.send(effect.request)
+                    if self._around_send:
+                        sends += 1
+                        detail = SendDetail(reference, key, sends, outbox_seconds)
+                        outbox_seconds = 0.0
+                        with sending(self.hooks, detail):
+                            value = self._http.send(effect.request)
+                    else:
+                        value = self._http.send(effect.request)
                 elif isinstance(effect, Sleep):
                     time.sleep(effect.seconds)
                 elif effect.behind:
                     writer.defer(effect.method, effect.kwargs)
                     value = True
                 else:
+                    began = time.perf_counter()
                     value = writer.call(effect.method, effect.kwargs)
+                    outbox_seconds += time.perf_counter() - began
             except Exception as exc:
                 error = exc
             except KeyboardInterrupt as exc:

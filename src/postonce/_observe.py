@@ -16,6 +16,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, fields
 from typing import Any
@@ -33,6 +34,7 @@ __all__ = [
     "Pending",
     "ReplayDetail",
     "RetryDetail",
+    "SendDetail",
     "StartDetail",
     "await_hooks",
     "collect_awaitables",
@@ -40,6 +42,7 @@ __all__ = [
     "drop_hooks",
     "emit",
     "info",
+    "sending",
     "stop_collecting",
 ]
 
@@ -130,6 +133,16 @@ class EndDetail:
 
 
 @dataclass(frozen=True, slots=True)
+class SendDetail:
+    """One send of an intent is about to go out: what ``Hooks.around_send`` is given."""
+
+    intent: str
+    key: str
+    number: int  # sends made by this call (or drain claim), this one included
+    outbox_seconds: float  # outbox work since the previous send; for the first, the write-ahead
+
+
+@dataclass(frozen=True, slots=True)
 class OnceInfo:
     """What postonce says about the intent behind a response: ``postonce.info(response)``."""
 
@@ -171,7 +184,9 @@ class Hooks:
 
     Each receives one frozen detail record. ``on_start`` and ``on_end``
     bracket one call's (or one drain claim's) work on an intent; the other
-    five are the events themselves.
+    five are the events themselves. ``around_send`` returns a context manager
+    that wraps each HTTP send (``postonce.otel`` uses it to make the intent's
+    span the parent of an httpx instrumentation's spans).
     """
 
     on_attempt: Callable[[AttemptDetail], object] | None = None
@@ -181,6 +196,9 @@ class Hooks:
     on_give_up: Callable[[GiveUpDetail], object] | None = None
     on_start: Callable[[StartDetail], object] | None = None
     on_end: Callable[[EndDetail], object] | None = None
+    #: Wraps each send: a context manager entered just before the HTTP send and left
+    #: after it, on the sending thread or task (e.g. to make a span current).
+    around_send: Callable[[SendDetail], AbstractContextManager[object]] | None = None
 
 
 _HOOK_OF: dict[type, str] = {
@@ -253,6 +271,20 @@ Pending = list[tuple[str, Any, Awaitable[object]]]
 # drives the flow (each task has its own context, so concurrent calls never mix).
 # The flow is a plain generator and cannot await; its driver awaits them between steps.
 _PENDING: ContextVar[Pending | None] = ContextVar("postonce_pending_hooks", default=None)
+
+
+@contextmanager
+def sending(hooks: Sequence[Hooks], detail: SendDetail) -> Iterator[None]:
+    """Enter every ``around_send`` for one send; a hook that fails to enter is only logged."""
+    with ExitStack() as stack:
+        for registered in hooks:
+            if registered.around_send is None:
+                continue
+            try:
+                stack.enter_context(registered.around_send(detail))
+            except Exception:
+                logger.exception("postonce hook around_send failed on %r", detail)
+        yield
 
 
 def _is_coroutine_function(hook: object) -> bool:
