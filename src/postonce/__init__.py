@@ -35,6 +35,7 @@ from ._observe import (
     OnceInfo,
     ReplayDetail,
     RetryDetail,
+    SendDetail,
     StartDetail,
     info,
 )
@@ -79,6 +80,7 @@ __all__ = [
     "RetryDetail",
     "RetryPolicy",
     "SQLiteStore",
+    "SendDetail",
     "StartDetail",
     "State",
     "StatusRule",
