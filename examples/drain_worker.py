@@ -39,7 +39,7 @@ def charge(client: postonce.Client, order_id: int) -> postonce.IntentPending:
     try:
         client.post_once("/v1/payment_intents", data=order, intent=f"order-{order_id}/charge")
     except postonce.IntentPending as exc:
-        print(f"{exc.reference}: pending, key {exc.key}")
+        print(f"{exc.intent}: pending, key {exc.key}")
         return exc
     raise AssertionError("Stripe was not supposed to answer")
 
@@ -73,9 +73,9 @@ def main() -> None:
             report = client.drain()
             print(report.model_dump_json())
             for p in pending:
-                record = client.lookup(p.reference)
+                record = client.lookup(p.intent)
                 assert record is not None
-                print(f"{p.reference}: {record.state.value} after {record.attempts} attempt(s)")
+                print(f"{p.intent}: {record.state.value} after {record.attempts} attempt(s)")
 
         # What this example shows, checked: every order charged once, with its first key.
         keys = [p.key for p in pending]

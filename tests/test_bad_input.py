@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -82,6 +83,18 @@ class Unserialisable:
             postonce.InvalidRequest,
             id="two-bodies",
         ),
+        pytest.param(
+            "stripe",
+            {"data": {"amount": 1, "metadata": {"order_id": "N1"}}},
+            postonce.InvalidRequest,
+            id="form-nested-dict",
+        ),
+        pytest.param(
+            "stripe",
+            {"data": {"items": [{"price": "p_1"}]}},
+            postonce.InvalidRequest,
+            id="form-list-of-dicts",
+        ),
     ],
 )
 def test_bad_call_is_refused_before_anything_is_stored(
@@ -94,11 +107,12 @@ def test_bad_call_is_refused_before_anything_is_stored(
     """Each bad call raises its typed error naming the intent; nothing sent, no row."""
     never = Never()
     client = make_client(provider=provider, transport=httpx.MockTransport(never))
-    kwargs.setdefault("json", {"amount": 1})
+    if not {"json", "content", "data"} & kwargs.keys():
+        kwargs["json"] = {"amount": 1}
     with pytest.raises(error) as exc:
         client.post_once("/charge", intent="order-9/charge", **kwargs)
     assert isinstance(exc.value, postonce.PostonceError)
-    assert exc.value.reference == "order-9/charge"
+    assert exc.value.intent == "order-9/charge"
     assert "order-9/charge" in str(exc.value)
     assert never.sent == []
     assert stored_references(outbox) == []
@@ -119,7 +133,7 @@ def test_profile_that_rejects_minted_keys_says_so(make_sync_client: ClientFactor
     client = make_sync_client(provider=strict, transport=httpx.MockTransport(never))
     with pytest.raises(postonce.ConfigurationError, match="pass key=") as exc:
         client.post_once("https://api.test/c", json={}, intent="order-7/charge")
-    assert exc.value.reference == "order-7/charge"
+    assert exc.value.intent == "order-7/charge"
     assert never.sent == []
 
 
@@ -132,7 +146,7 @@ def test_outbox_that_is_not_sqlite(make_sync_client: ClientFactory, tmp_path: Pa
     client = make_sync_client(outbox=bogus, transport=httpx.MockTransport(never))
     with pytest.raises(postonce.OutboxError) as exc:
         client.post_once("/charge", json={"a": 1}, intent="order-10/charge")
-    assert exc.value.reference == "order-10/charge"
+    assert exc.value.intent == "order-10/charge"
     assert "order-10/charge" in str(exc.value)
     assert never.sent == []
     assert bogus.read_bytes() == original
@@ -163,7 +177,7 @@ _READONLY_PROBE = textwrap.dedent(
     try:
         client.post_once("/charge", json={"a": 1}, intent="order-11/charge")
     except postonce.OutboxError as exc:
-        assert exc.reference == "order-11/charge", exc
+        assert exc.intent == "order-11/charge", exc
         assert not sent
         print("OutboxError:", exc)
     else:
@@ -193,11 +207,9 @@ def test_outbox_in_a_read_only_directory(readonly_dir: Path) -> None:
 
 
 def test_unknown_outbox_url_is_refused_clearly(make_sync_client: ClientFactory) -> None:
-    """An outbox URL no backend serves is a ConfigurationError naming the intent."""
-    client = make_sync_client(outbox="mysql://app@db/payments")
-    with pytest.raises(postonce.ConfigurationError) as exc:
-        client.post_once("/charge", json={"a": 1}, intent="order-12/charge")
-    assert exc.value.reference == "order-12/charge"
+    """An outbox URL no backend serves is a ConfigurationError when the client is built."""
+    with pytest.raises(postonce.ConfigurationError, match="unknown outbox URL 'mysql://"):
+        make_sync_client(outbox="mysql://app@db/payments")
 
 
 def test_unreachable_postgres_is_an_outbox_error(make_sync_client: ClientFactory) -> None:
@@ -209,5 +221,12 @@ def test_unreachable_postgres_is_an_outbox_error(make_sync_client: ClientFactory
     )
     with pytest.raises(postonce.OutboxError) as exc:
         client.post_once("/charge", json={"a": 1}, intent="order-13/charge")
-    assert exc.value.reference == "order-13/charge"
+    assert exc.value.intent == "order-13/charge"
     assert never.sent == []
+
+
+def test_nested_form_value_names_the_bracket_spelling(make_sync_client: ClientFactory) -> None:
+    """The refusal of a nested data= value shows the provider's bracket notation to use."""
+    client = make_sync_client(provider="stripe", transport=httpx.MockTransport(Never()))
+    with pytest.raises(postonce.InvalidRequest, match=re.escape("metadata[order_id]")):
+        client.post_once("/v1/charges", data={"metadata": {"order_id": "N1"}}, intent="o-14")

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -95,7 +96,8 @@ def test_outbox_env_var_chooses_the_outbox(outbox_path: Path) -> None:
     seeded_outbox(outbox_path)
     code, out = cli("outbox", "stats", "--json", env={"POSTONCE_OUTBOX": str(outbox_path)})
     assert code == 0
-    (row,) = json.loads(out)
+    row = json.loads(out)
+    assert isinstance(row, dict), "stats --json prints one object, not a list of one"
     assert (row["succeeded"], row["pending"]) == (1, 2)
     assert row["expired_needing_attention"] == 0
 
@@ -132,6 +134,75 @@ def test_cancel_resolve_purge_export(outbox_path: Path) -> None:
     assert set(rows) == {"done", "maybe", "never"}
     assert rows["done"]["purged_at"] is not None
     assert rows["maybe"]["attempts"][0]["status"] == 503
+    assert_iso_utc(rows["maybe"]["created_at"])
+    assert_iso_utc(rows["maybe"]["attempts"][0]["started_at"])
+    assert_iso_utc(rows["done"]["purged_at"])
+
+
+def assert_iso_utc(value: object) -> None:
+    """The one way every command prints a time: ISO 8601 in UTC."""
+    assert isinstance(value, str), value
+    assert datetime.fromisoformat(value).utcoffset() == timedelta(0)
+
+
+def test_every_command_prints_times_alike(outbox_path: Path) -> None:
+    """list, show, stats and export print the same intent's times as the same ISO 8601 UTC text."""
+    seeded_outbox(outbox_path)
+    base = ("outbox", "--outbox", str(outbox_path))
+    listed = {r["reference"]: r for r in json.loads(cli(*base, "list", "--json")[1])}
+    shown = json.loads(cli(*base, "show", "maybe", "--json")[1])
+    exported = {
+        json.loads(line)["reference"]: json.loads(line)
+        for line in cli(*base, "export")[1].splitlines()
+    }
+    stats = json.loads(cli(*base, "stats", "--json")[1])
+    assert listed["maybe"]["created_at"] == shown["created_at"] == exported["maybe"]["created_at"]
+    assert shown["attempts"][0]["started_at"] == exported["maybe"]["attempts"][0]["started_at"]
+    for value in (shown["created_at"], stats["oldest_pending_created_at"]):
+        assert_iso_utc(value)
+
+
+def test_show_takes_t_for_tables(outbox_path: Path) -> None:
+    """show -t prints the intent as a two-column table and its attempts as a table."""
+    seeded_outbox(outbox_path)
+    code, out = cli("outbox", "--outbox", str(outbox_path), "show", "maybe", "-t")
+    assert code == 0
+    key = SQLiteStore(outbox_path).get("maybe").key  # type: ignore[union-attr]
+    assert any(line.split() == ["key", key] for line in out.splitlines())
+    assert "started_at" in out
+    assert "503" in out
+
+
+def test_purge_help_says_expired_intents_are_kept() -> None:
+    """purge --help tells the operator expired intents are not purged."""
+    code, out = cli("outbox", "purge", "--help")
+    assert code == 0
+    assert "Expired intents are kept" in " ".join(out.split())
+
+
+def test_progress_line_ends_on_the_report(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a TTY the drain's last progress line shows the report's counts."""
+    from postonce import _cli
+
+    lines: list[postonce.DrainReport] = []
+    final = postonce.DrainReport(claimed=3, sent=3, succeeded=2, pending=1, duration=0.1)
+
+    class FakeClient:
+        def drain(self, **kwargs: object) -> postonce.DrainReport:
+            progress = kwargs["progress"]
+            assert callable(progress)
+            progress(final.model_copy(update={"pending": 0, "succeeded": 1}))
+            return final
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(_cli, "_load_client", lambda spec: FakeClient())
+    monkeypatch.setattr(_cli, "_progress_line", lines.append)
+    monkeypatch.setattr(_cli, "_interactive", lambda: True)
+    code, _ = cli("drain", "--app", "x:y")
+    assert code == 0
+    assert lines[-1] == final
 
 
 @pytest.mark.parametrize(
@@ -142,6 +213,32 @@ def test_cancel_resolve_purge_export(outbox_path: Path) -> None:
             ("drain", "--app", "tests.drain_app:not_a_client"),
             "not a postonce.Client",
             id="not-client",
+        ),
+        pytest.param(
+            ("drain", "--app", "tests.cli_app_unset_env:client"),
+            "importing 'tests.cli_app_unset_env' raised KeyError: 'POSTONCE_TEST_NEVER_SET' "
+            "(an environment variable that is not set?)",
+            id="import-raises",
+        ),
+        pytest.param(
+            ("drain", "--app", "tests.cli_apps:broken_factory"),
+            "tests.cli_apps:broken_factory() raised RuntimeError: STRIPE_API_KEY is empty",
+            id="factory-raises",
+        ),
+        pytest.param(
+            ("drain", "--app", "tests.cli_apps:not_a_factory"),
+            "not_a_factory() returned a int, not a postonce.Client",
+            id="factory-returns-other",
+        ),
+        pytest.param(
+            ("drain", "--app", "tests.cli_apps:app"),
+            "tests.cli_apps:app is a FastAPI application, not a postonce.Client",
+            id="fastapi-app",
+        ),
+        pytest.param(
+            ("drain", "--app", "tests.cli_apps:async_client"),
+            "is a postonce.AsyncClient",
+            id="async-client",
         ),
         pytest.param(("drain", "--app", "tests.drain_app"), "MODULE:ATTRIBUTE", id="no-colon"),
         pytest.param(("drain", "--app", "tests.drain_app:nothing"), "no attribute", id="attr"),
@@ -301,7 +398,8 @@ def test_drain_exits_1_when_something_failed(server: LoopbackServer, outbox_path
             str(outbox_path),
         ],
         cwd=ROOT,
-        env=drain_env(server, outbox_path / "unused", "fail"),
+        # The app's own outbox is one --outbox replaces: an unused file beside the real one.
+        env=drain_env(server, outbox_path.with_name("unused.sqlite3"), "fail"),
         capture_output=True,
         text=True,
         timeout=120,

@@ -617,3 +617,20 @@ def test_httpx_auth_is_applied_and_never_stored(make_client: ClientFactory, outb
     basic = rec.requests[0].headers["Authorization"].split()[1].encode()
     assert basic not in blob
     assert b"AUTHSECRET" not in blob
+
+
+def test_form_field_order_is_the_same_intent(make_client: ClientFactory) -> None:
+    """data= with the same fields in another order is the same request, not IntentConflict."""
+    rec = Recorder(ok(200))
+    client = make_client(provider="stripe", transport=rec.transport)
+    first = client.post_once(
+        "/v1/charges", data={"amount": "100", "currency": "eur"}, intent="form-1"
+    )
+    again = client.post_once(
+        "/v1/charges", data={"currency": "eur", "amount": "100"}, intent="form-1"
+    )
+    assert again.extensions["postonce"].from_outbox
+    assert again.extensions["postonce"].key == first.extensions["postonce"].key
+    assert len(rec.requests) == 1
+    with pytest.raises(postonce.IntentConflict):
+        client.post_once("/v1/charges", data={"amount": "101", "currency": "eur"}, intent="form-1")

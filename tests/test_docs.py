@@ -132,3 +132,12 @@ def test_bad_input_table_names_only_tests_that_exist() -> None:
         assert re.search(rf"^def {name}\(", source, re.MULTILINE), f"{path}::{name} is missing"
         if param:
             assert f'id="{param}"' in source, f"{path}::{name}[{param}] is missing"
+
+
+def test_every_example_is_named_on_the_page_it_illustrates() -> None:
+    """Each examples/*.py is pointed at from a documentation page, by its path."""
+    pages = "\n".join(p.read_text() for p in (ROOT / "docs").rglob("*.md"))
+    for example in sorted((ROOT / "examples").glob("*.py")):
+        if example.name == "__init__.py":
+            continue
+        assert f"examples/{example.name}" in pages, f"no docs page names {example.name}"

@@ -6,10 +6,11 @@ import math
 import re
 import uuid
 
+import httpx
 import pytest
 
 from postonce._exceptions import InvalidKey, InvalidRequest
-from postonce._keys import check_key, fingerprint, mint_key
+from postonce._keys import canonical_form, check_form, check_key, fingerprint, mint_key
 from postonce.providers import BUILTIN_PROVIDERS, Provider
 
 STRIPE = BUILTIN_PROVIDERS["stripe"]
@@ -91,7 +92,7 @@ def test_check_key_refuses(key: object, provider: Provider) -> None:
     """A key the provider cannot take raw raises InvalidKey naming the reference."""
     with pytest.raises(InvalidKey) as info:
         check_key(key, provider, reference=REFERENCE)
-    assert info.value.reference == REFERENCE
+    assert info.value.intent == REFERENCE
     assert REFERENCE in str(info.value)
 
 
@@ -99,7 +100,7 @@ def test_check_key_refusal_without_reference() -> None:
     """A refusal with no reference carries reference None."""
     with pytest.raises(InvalidKey) as info:
         check_key("a b", STRIPE, reference=None)
-    assert info.value.reference is None
+    assert info.value.intent is None
 
 
 def test_invalid_key_is_invalid_request() -> None:
@@ -224,7 +225,7 @@ def test_fingerprint_fields_need_a_json_object(body: object) -> None:
         fingerprint(
             "POST", TARGET, json_body=body, is_json=True, fields=FIELDS, reference=REFERENCE
         )
-    assert info.value.reference == REFERENCE
+    assert info.value.intent == REFERENCE
 
 
 def test_fingerprint_fields_need_a_json_body() -> None:
@@ -233,7 +234,7 @@ def test_fingerprint_fields_need_a_json_body() -> None:
         fingerprint(
             "POST", TARGET, raw_body=b"a=1", is_json=False, fields=FIELDS, reference=REFERENCE
         )
-    assert info.value.reference == REFERENCE
+    assert info.value.intent == REFERENCE
 
 
 def test_fingerprint_raw_body_is_hashed_as_bytes() -> None:
@@ -277,5 +278,67 @@ def test_fingerprint_refuses_unserialisable_json(body: object) -> None:
     """A JSON body that cannot be serialised raises InvalidRequest naming the reference."""
     with pytest.raises(InvalidRequest) as info:
         fingerprint("POST", TARGET, json_body=body, is_json=True, reference=REFERENCE)
-    assert info.value.reference == REFERENCE
+    assert info.value.intent == REFERENCE
     assert REFERENCE in str(info.value)
+
+
+# -- form bodies ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ({"amount": "100", "currency": "eur"}, {"currency": "eur", "amount": "100"}),
+        ({"a": 1, "b": [1, 2], "c": True}, {"c": True, "b": [1, 2], "a": 1}),
+        ({"metadata[order_id]": "N1", "amount": 5}, {"amount": 5, "metadata[order_id]": "N1"}),
+    ],
+)
+def test_canonical_form_ignores_field_order(first: dict[str, object], second: object) -> None:
+    """Two forms with the same fields in another order canonicalise alike."""
+    assert isinstance(second, dict)
+    assert canonical_form(first) == canonical_form(second)
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ({"tags": ["a", "b"]}, {"tags": ["b", "a"]}),
+        ({"amount": "100"}, {"amount": "101"}),
+        ({"flag": True}, {"flag": "True"}),
+    ],
+)
+def test_canonical_form_keeps_what_changes_meaning(
+    first: dict[str, object], second: dict[str, object]
+) -> None:
+    """Repeated values keep their order, and values still count."""
+    assert canonical_form(first) != canonical_form(second)
+
+
+def test_canonical_form_of_a_sorted_form_is_what_httpx_sends() -> None:
+    """A form already in name order hashes the bytes it is sent as (old fingerprints hold)."""
+    form = {"a": "x y", "b": [1, 2], "c": True, "d": None, "e": "ü&="}
+    assert canonical_form(form) == httpx.Request("POST", "http://x/", data=form).read()
+
+
+@pytest.mark.parametrize(
+    ("form", "hint"),
+    [
+        ({"metadata": {"order_id": "N1"}}, "metadata[order_id]"),
+        ({"items": [{"sku": "a"}]}, "items[0]"),
+        ({"items": [["a"]]}, "items[0]"),
+    ],
+)
+def test_check_form_refuses_nested_values(form: dict[str, object], hint: str) -> None:
+    """A nested dict or list in data= is InvalidRequest with the bracket-name hint."""
+    with pytest.raises(InvalidRequest) as info:
+        check_form(form, reference=REFERENCE)
+    assert hint in info.value.message
+    assert info.value.intent == REFERENCE
+
+
+@pytest.mark.parametrize(
+    "form", [{"a": "1"}, {"a": 1.5, "b": None, "c": False}, {"tags": ["a", "b"]}, {"t": ()}]
+)
+def test_check_form_accepts_flat_forms(form: dict[str, object]) -> None:
+    """Scalars and lists of scalars (a repeated field) pass."""
+    check_form(form, reference=REFERENCE)

@@ -25,7 +25,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 import postonce
 from postonce import EndDetail, Hooks, State
 from postonce.otel import SPAN_NAME, otel_hooks
-from tests.conftest import FAST
+from tests.conftest import FAST, LoopbackServer
 
 ONE_TRY = FAST.model_copy(update={"attempts": 1})
 
@@ -138,7 +138,7 @@ def test_a_retried_call_is_one_span_with_its_attempts(
         "postonce.attempts": 2,
     }
     assert span.status.status_code is StatusCode.UNSET
-    assert [e.name for e in span.events] == ["attempt", "retry_scheduled", "attempt"]
+    assert [e.name for e in span.events] == ["write_ahead", "attempt", "retry_scheduled", "attempt"]
     first, second = events(span, "attempt")
     assert first["postonce.attempt"] == 1
     assert first["postonce.outcome"] == "retryable"
@@ -172,7 +172,7 @@ def test_a_replay_is_an_event(outbox_path: Path, telemetry: Telemetry) -> None:
     with client(outbox_path, replaying, telemetry.hooks) as c:
         c.post_once("https://api.test/c", json={}, intent="r-1")
     span = telemetry.only_span()
-    assert [e.name for e in span.events] == ["attempt", "replayed"]
+    assert [e.name for e in span.events] == ["write_ahead", "attempt", "replayed"]
     assert events(span, "attempt")[0]["postonce.replayed"] is True
     assert events(span, "replayed") == [{"postonce.attempt": 1, "http.response.status_code": 201}]
 
@@ -191,7 +191,12 @@ def test_give_up_is_pending_not_an_error_and_the_drain_is_a_span_of_its_own(
         assert gave_up.attributes["postonce.state"] == "pending"
         assert gave_up.attributes["postonce.error"] == "IntentPending"
         assert "error.type" not in gave_up.attributes
-        assert [e.name for e in gave_up.events] == ["attempt", "retry_scheduled", "give_up"]
+        assert [e.name for e in gave_up.events] == [
+            "write_ahead",
+            "attempt",
+            "retry_scheduled",
+            "give_up",
+        ]
         (retry,) = events(gave_up, "retry_scheduled")
         assert retry["postonce.in_foreground"] is False
         (give_up,) = events(gave_up, "give_up")
@@ -304,10 +309,8 @@ def test_expiry_is_an_error_with_an_event(outbox_path: Path, telemetry: Telemetr
     assert ended[attrs(state="expired", provider="ietf_draft", drain=False)] == 1
 
 
-def test_the_span_is_a_child_of_the_callers_span_and_never_current(
-    outbox_path: Path, telemetry: Telemetry
-) -> None:
-    """Parented by the caller's span; not made current, so the send sees the caller's span."""
+def test_the_span_is_current_only_while_it_sends(outbox_path: Path, telemetry: Telemetry) -> None:
+    """Parented by the caller's span; current during each send only, never leaked to the caller."""
     script = Script(503, 201)
     tracer = telemetry.tracer_provider.get_tracer("app")
     with (
@@ -319,7 +322,54 @@ def test_the_span_is_a_child_of_the_callers_span_and_never_current(
     span = telemetry.only_span()
     assert span.parent is not None
     assert span.parent.span_id == handler.get_span_context().span_id
-    assert script.current_spans == [handler, handler]
+    sent_under = [s.get_span_context().span_id for s in script.current_spans]
+    assert sent_under == [span.context.span_id, span.context.span_id]
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_httpx_instrumentation_spans_are_children_of_the_intent_span(
+    server: LoopbackServer, outbox_path: Path, telemetry: Telemetry, kind: str
+) -> None:
+    """opentelemetry-instrumentation-httpx's span for each attempt is a child of the intent's."""
+    from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
+
+    body = {"amount": 1, "_test": {"before": [{"status": 503}]}}
+    provider = telemetry.tracer_provider
+    if kind == "sync":
+        with postonce.Client(
+            server.base_url, outbox=outbox_path, retry=FAST, hooks=telemetry.hooks
+        ) as c:
+            HTTPXClientInstrumentor.instrument_client(c._http, tracer_provider=provider)
+            c.post_once("/ietf/charges", json=body, intent="otel-http")
+    else:
+
+        async def main() -> None:
+            async with postonce.AsyncClient(
+                server.base_url, outbox=outbox_path, retry=FAST, hooks=telemetry.hooks
+            ) as c:
+                HTTPXClientInstrumentor.instrument_client(c._http, tracer_provider=provider)
+                await c.post_once("/ietf/charges", json=body, intent="otel-http")
+
+        anyio.run(main)
+    intent = telemetry.only_span()
+    http = [s for s in telemetry.spans.get_finished_spans() if s.name != SPAN_NAME]
+    assert len(http) == 2
+    for span in http:
+        assert span.parent is not None
+        assert span.parent.span_id == intent.context.span_id
+        assert span.context.trace_id == intent.context.trace_id
+
+
+def test_the_write_ahead_is_a_timed_event(outbox_path: Path, telemetry: Telemetry) -> None:
+    """The outbox write-ahead before the first send is an event with its duration."""
+    with client(outbox_path, Script(201), telemetry.hooks) as c:
+        c.post_once("https://api.test/c", json={}, intent="wa-1")
+    span = telemetry.only_span()
+    (event,) = [e for e in span.events if e.name == "write_ahead"]
+    assert event.attributes is not None
+    duration = event.attributes["postonce.outbox.duration"]
+    assert isinstance(duration, float)
+    assert duration > 0
 
 
 def test_async_client(outbox_path: Path, telemetry: Telemetry) -> None:
@@ -340,7 +390,7 @@ def test_async_client(outbox_path: Path, telemetry: Telemetry) -> None:
     assert span.attributes is not None
     assert span.attributes["postonce.intent"] == "a-1"
     assert span.attributes["postonce.state"] == "succeeded"
-    assert [e.name for e in span.events] == ["attempt", "retry_scheduled", "attempt"]
+    assert [e.name for e in span.events] == ["write_ahead", "attempt", "retry_scheduled", "attempt"]
     assert span.status.status_code is StatusCode.UNSET
     assert telemetry.points("postonce.attempts") == {
         attrs(outcome="retryable", provider="ietf_draft"): 1,

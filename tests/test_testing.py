@@ -72,3 +72,60 @@ def test_memory_outbox_in_a_users_test() -> None:
     assert record is not None
     assert record.state is State.SUCCEEDED
     assert [a.outcome for a in outbox.attempts("order-1/charge")] == [Outcome.FINAL]
+
+
+def test_set_testing_attempts_caps_the_sends() -> None:
+    """set_testing(attempts=2): the shipped 5-attempt policy sends twice, then leaves it pending."""
+    sent: list[str] = []
+
+    def unavailable(request: httpx.Request) -> httpx.Response:
+        sent.append(request.headers["Idempotency-Key"])
+        return httpx.Response(503)
+
+    with (
+        set_testing(True, attempts=2),
+        postonce.Client(
+            "https://api.test", outbox=MemoryOutbox(), transport=httpx.MockTransport(unavailable)
+        ) as client,
+    ):
+        with pytest.raises(postonce.IntentPending):
+            client.post_once("/c", json={}, intent="t-cap")
+        record = client.lookup("t-cap")
+    assert len(sent) == 2
+    assert record is not None
+    assert record.attempts == 2
+
+
+def test_set_testing_attempts_keeps_a_smaller_policy() -> None:
+    """A policy asking for fewer sends than the cap keeps its own number."""
+    sent: list[int] = []
+
+    def unavailable(request: httpx.Request) -> httpx.Response:
+        sent.append(1)
+        return httpx.Response(503)
+
+    with (
+        set_testing(True, attempts=3),
+        postonce.Client(
+            "https://api.test",
+            outbox=MemoryOutbox(),
+            transport=httpx.MockTransport(unavailable),
+            retry=RetryPolicy(attempts=1),
+        ) as client,
+        pytest.raises(postonce.IntentPending),
+    ):
+        client.post_once("/c", json={}, intent="t-small")
+    assert sent == [1]
+
+
+def test_set_testing_restores_the_cap_on_exit() -> None:
+    """The context manager restores the previous cap; attempts below 1 are refused."""
+    with set_testing(True, attempts=1):
+        assert is_testing()
+    with set_testing(True, attempts=4), set_testing(False):
+        assert not is_testing()
+    from postonce._policy import TESTING
+
+    assert TESTING.attempts is None
+    with pytest.raises(postonce.ConfigurationError, match="attempts"):
+        set_testing(True, attempts=0)

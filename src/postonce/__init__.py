@@ -32,9 +32,12 @@ from ._observe import (
     ExpiryDetail,
     GiveUpDetail,
     Hooks,
+    OnceInfo,
     ReplayDetail,
     RetryDetail,
+    SendDetail,
     StartDetail,
+    info,
 )
 from ._outbox import SQLiteStore, Store, default_outbox_path
 from ._outbox.base import AttemptRecord
@@ -66,6 +69,7 @@ __all__ = [
     "IntentResolved",
     "InvalidKey",
     "InvalidRequest",
+    "OnceInfo",
     "OnceOptions",
     "OutboxError",
     "Outcome",
@@ -76,6 +80,7 @@ __all__ = [
     "RetryDetail",
     "RetryPolicy",
     "SQLiteStore",
+    "SendDetail",
     "StartDetail",
     "State",
     "StatusRule",
@@ -85,4 +90,5 @@ __all__ = [
     "__version__",
     "default_outbox_path",
     "get_provider",
+    "info",
 ]

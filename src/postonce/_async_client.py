@@ -14,9 +14,8 @@ from typing import Any
 
 import anyio
 import httpx
-from typing_extensions import Unpack
 
-from ._base import BaseClient, OnceOptions, named
+from ._base import BaseClient, DeadlineInput, named, with_options
 from ._budget import RetryBudget
 from ._drain import (
     JUST_BEFORE,
@@ -29,13 +28,22 @@ from ._drain import (
 from ._exceptions import ConfigurationError, OutboxError, PostonceError
 from ._flow import Abandoned, Effect, Send, Sleep, StoreCall, run
 from ._intent import IntentRecord
-from ._observe import Hooks
+from ._observe import (
+    Hooks,
+    Pending,
+    SendDetail,
+    await_hooks,
+    collect_awaitables,
+    drop_hooks,
+    sending,
+    stop_collecting,
+)
 from ._outbox.base import Opened, Store
 from ._outbox.locate import OutboxSpec
 from ._outbox.sqlite import Durability
 from ._outbox.threaded import StoreThread
 from ._policy import RetryPolicy
-from ._wire import HeaderInput
+from ._wire import UNSET, HeaderInput
 from .providers import Provider
 
 __all__ = ["AsyncClient"]
@@ -50,7 +58,12 @@ class AsyncClient(BaseClient):
     concurrent calls share one commit. Pass any httpx async transport, for
     example ``httpx_aiohttp.AiohttpTransport()`` for throughput at high
     concurrency; the guarantees do not depend on it.
+
+    Hooks may be coroutine functions (``async def``): each is awaited where
+    its event happens, before the call goes on.
     """
+
+    _awaits_hooks = True
 
     def __init__(
         self,
@@ -135,11 +148,24 @@ class AsyncClient(BaseClient):
 
     # -- requests ------------------------------------------------------------
 
+    @with_options
     async def request_once(
         self,
         method: str,
         url: httpx.URL | str,
-        **options: Unpack[OnceOptions],
+        *,
+        intent: str | None = None,
+        key: str | None = None,
+        json: Any = UNSET,
+        content: Any = UNSET,
+        data: Any = UNSET,
+        params: Any = None,
+        headers: HeaderInput = None,
+        timeout: Any = httpx.USE_CLIENT_DEFAULT,
+        provider: str | Provider | None = None,
+        retry: RetryPolicy | None = None,
+        deadline: DeadlineInput = None,
+        fingerprint_fields: Sequence[str] | None = None,
     ) -> httpx.Response:
         """Send ``method url`` once per intent; see :meth:`postonce.Client.request_once`.
 
@@ -147,7 +173,22 @@ class AsyncClient(BaseClient):
         a send that may have been written is recorded as ambiguous and left
         pending for the drain; a claim that sent nothing is released.
         """
-        prepared, sender, new = self._plan(method, url, **options)
+        prepared, sender, new = self._plan(
+            method,
+            url,
+            intent=intent,
+            key=key,
+            json=json,
+            content=content,
+            data=data,
+            params=params,
+            headers=headers,
+            timeout=timeout,
+            provider=provider,
+            retry=retry,
+            deadline=deadline,
+            fingerprint_fields=fingerprint_fields,
+        )
         try:
             thread = await self._store_thread()
         except PostonceError as exc:
@@ -172,22 +213,51 @@ class AsyncClient(BaseClient):
         goes on. A store call already queued still completes and its result
         reaches the flow first: the flow must know what it committed.
         """
+        pending, token = collect_awaitables()
+        try:
+            return await self._perform(flow, thread, pending, reference, key, on_send)
+        finally:
+            drop_hooks(pending)
+            stop_collecting(token)
+
+    async def _perform(
+        self,
+        flow: Generator[Effect, Any, Any],
+        thread: StoreThread,
+        pending: Pending,
+        reference: str,
+        key: str,
+        on_send: Callable[[], None] | None,
+    ) -> Any:
         value: Any = None
         error: BaseException | None = None
         cancelled: BaseException | None = None
+        cancelled_exc = anyio.get_cancelled_exc_class()
+        sends, outbox_seconds = 0, 0.0
         while True:
             try:
                 effect = flow.throw(error) if error is not None else flow.send(value)
             except StopIteration as stop:
                 if cancelled is not None:
                     raise cancelled from None
+                await await_hooks(pending)
                 return stop.value
             except Abandoned:
                 assert cancelled is not None
                 raise cancelled from None
-            except OutboxError as exc:
-                raise named(exc, reference, key) from exc
+            except Exception as exc:
+                if cancelled is None:
+                    await await_hooks(pending)
+                if isinstance(exc, OutboxError):
+                    raise named(exc, reference, key) from exc
+                raise
             value, error = None, None
+            if pending and cancelled is None:
+                # Coroutine hooks run before the call goes on, as plain hooks do.
+                try:
+                    await await_hooks(pending)
+                except cancelled_exc as exc:
+                    cancelled = exc
             if cancelled is not None and not isinstance(effect, StoreCall):
                 error = Abandoned()
                 continue
@@ -195,17 +265,26 @@ class AsyncClient(BaseClient):
                 if isinstance(effect, Send):
                     if on_send is not None:
                         on_send()
-                    value = await self._http.send(effect.request)
+                    if self._around_send:
+                        sends += 1
+                        detail = SendDetail(reference, key, sends, outbox_seconds)
+                        outbox_seconds = 0.0
+                        with sending(self.hooks, detail):
+                            value = await self._http.send(effect.request)
+                    else:
+                        value = await self._http.send(effect.request)
                 elif isinstance(effect, Sleep):
                     await anyio.sleep(effect.seconds)
                 elif effect.behind:
                     thread.submit(effect.method, effect.kwargs, behind=True)
                     value = True
                 else:
+                    began = time.perf_counter()
                     ticket = thread.submit(effect.method, effect.kwargs)
                     with anyio.CancelScope(shield=cancelled is not None):
                         value = await ticket.wait()
-            except anyio.get_cancelled_exc_class() as exc:
+                    outbox_seconds += time.perf_counter() - began
+            except cancelled_exc as exc:
                 cancelled = exc
                 if isinstance(effect, StoreCall):
                     try:
@@ -218,27 +297,149 @@ class AsyncClient(BaseClient):
             except Exception as exc:
                 error = exc
 
+    @with_options
     async def post_once(
-        self, url: httpx.URL | str, **kwargs: Unpack[OnceOptions]
+        self,
+        url: httpx.URL | str,
+        *,
+        intent: str | None = None,
+        key: str | None = None,
+        json: Any = UNSET,
+        content: Any = UNSET,
+        data: Any = UNSET,
+        params: Any = None,
+        headers: HeaderInput = None,
+        timeout: Any = httpx.USE_CLIENT_DEFAULT,
+        provider: str | Provider | None = None,
+        retry: RetryPolicy | None = None,
+        deadline: DeadlineInput = None,
+        fingerprint_fields: Sequence[str] | None = None,
     ) -> httpx.Response:
         """``await request_once("POST", url, ...)``: the usual case."""
-        return await self.request_once("POST", url, **kwargs)
+        return await self.request_once(
+            "POST",
+            url,
+            intent=intent,
+            key=key,
+            json=json,
+            content=content,
+            data=data,
+            params=params,
+            headers=headers,
+            timeout=timeout,
+            provider=provider,
+            retry=retry,
+            deadline=deadline,
+            fingerprint_fields=fingerprint_fields,
+        )
 
-    async def put_once(self, url: httpx.URL | str, **kwargs: Unpack[OnceOptions]) -> httpx.Response:
+    @with_options
+    async def put_once(
+        self,
+        url: httpx.URL | str,
+        *,
+        intent: str | None = None,
+        key: str | None = None,
+        json: Any = UNSET,
+        content: Any = UNSET,
+        data: Any = UNSET,
+        params: Any = None,
+        headers: HeaderInput = None,
+        timeout: Any = httpx.USE_CLIENT_DEFAULT,
+        provider: str | Provider | None = None,
+        retry: RetryPolicy | None = None,
+        deadline: DeadlineInput = None,
+        fingerprint_fields: Sequence[str] | None = None,
+    ) -> httpx.Response:
         """``await request_once("PUT", url, ...)``."""
-        return await self.request_once("PUT", url, **kwargs)
+        return await self.request_once(
+            "PUT",
+            url,
+            intent=intent,
+            key=key,
+            json=json,
+            content=content,
+            data=data,
+            params=params,
+            headers=headers,
+            timeout=timeout,
+            provider=provider,
+            retry=retry,
+            deadline=deadline,
+            fingerprint_fields=fingerprint_fields,
+        )
 
+    @with_options
     async def patch_once(
-        self, url: httpx.URL | str, **kwargs: Unpack[OnceOptions]
+        self,
+        url: httpx.URL | str,
+        *,
+        intent: str | None = None,
+        key: str | None = None,
+        json: Any = UNSET,
+        content: Any = UNSET,
+        data: Any = UNSET,
+        params: Any = None,
+        headers: HeaderInput = None,
+        timeout: Any = httpx.USE_CLIENT_DEFAULT,
+        provider: str | Provider | None = None,
+        retry: RetryPolicy | None = None,
+        deadline: DeadlineInput = None,
+        fingerprint_fields: Sequence[str] | None = None,
     ) -> httpx.Response:
         """``await request_once("PATCH", url, ...)``."""
-        return await self.request_once("PATCH", url, **kwargs)
+        return await self.request_once(
+            "PATCH",
+            url,
+            intent=intent,
+            key=key,
+            json=json,
+            content=content,
+            data=data,
+            params=params,
+            headers=headers,
+            timeout=timeout,
+            provider=provider,
+            retry=retry,
+            deadline=deadline,
+            fingerprint_fields=fingerprint_fields,
+        )
 
+    @with_options
     async def delete_once(
-        self, url: httpx.URL | str, **kwargs: Unpack[OnceOptions]
+        self,
+        url: httpx.URL | str,
+        *,
+        intent: str | None = None,
+        key: str | None = None,
+        json: Any = UNSET,
+        content: Any = UNSET,
+        data: Any = UNSET,
+        params: Any = None,
+        headers: HeaderInput = None,
+        timeout: Any = httpx.USE_CLIENT_DEFAULT,
+        provider: str | Provider | None = None,
+        retry: RetryPolicy | None = None,
+        deadline: DeadlineInput = None,
+        fingerprint_fields: Sequence[str] | None = None,
     ) -> httpx.Response:
         """``await request_once("DELETE", url, ...)``."""
-        return await self.request_once("DELETE", url, **kwargs)
+        return await self.request_once(
+            "DELETE",
+            url,
+            intent=intent,
+            key=key,
+            json=json,
+            content=content,
+            data=data,
+            params=params,
+            headers=headers,
+            timeout=timeout,
+            provider=provider,
+            retry=retry,
+            deadline=deadline,
+            fingerprint_fields=fingerprint_fields,
+        )
 
     # -- the drain -----------------------------------------------------------
 

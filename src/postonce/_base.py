@@ -6,6 +6,7 @@ clients differ only in how they perform the flow's effects.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import threading
@@ -23,11 +24,11 @@ from ._flow import Effect, Sender, StoreCall, send_claimed
 from ._http import adapt_timeout, library_of
 from ._intent import IntentRecord
 from ._lease import new_owner
-from ._observe import Hooks
+from ._observe import Hooks, coroutine_hooks
 from ._outbox.base import NewIntent, Opened, Store
-from ._outbox.locate import OutboxSpec, open_store
+from ._outbox.locate import OutboxSpec, check_spec, open_store
 from ._outbox.sqlite import Durability
-from ._policy import RetryPolicy
+from ._policy import TESTING, RetryPolicy
 from ._sender import (
     DEFAULT_SECRET_PARAMS,
     auth_material,
@@ -38,7 +39,7 @@ from ._sender import (
 from ._wire import DEFAULT_SECRET_HEADERS, UNSET, HeaderInput, Prepared, parsed_url, prepare
 from .providers import BUILTIN_PROVIDERS, Provider, get_provider, provider_identity, same_provider
 
-__all__ = ["BaseClient", "DeadlineInput", "OnceOptions", "named"]
+__all__ = ["BaseClient", "DeadlineInput", "OnceOptions", "named", "with_options"]
 
 logger = logging.getLogger("postonce")
 
@@ -47,7 +48,29 @@ HttpT = TypeVar("HttpT", httpx.Client, httpx.AsyncClient)
 
 
 class OnceOptions(TypedDict, total=False):
-    """The keyword arguments of ``request_once``, for its shortcuts."""
+    """The options of ``request_once`` and its ``post_once``/``put_once``/... shortcuts.
+
+    Every option is keyword-only and may be left out:
+
+    - ``intent``: what you want done once, e.g. ``"order-1234/charge"``; calling again
+      with it returns the stored answer or resumes the pending intent with its key.
+      Without it the call is its own intent.
+    - ``key``: your own idempotency key instead of a minted UUIDv4 (checked against
+      the provider's rules before anything is stored).
+    - ``json``: a JSON body; fingerprinted as canonical JSON (key order does not matter).
+    - ``content``: a raw body (bytes or str); fingerprinted as its bytes.
+    - ``data``: a form body: a flat mapping of names to scalars, or to lists of scalars
+      for a repeated field; field order does not matter. A nested dict or list is
+      refused: use the provider's bracket names, e.g. ``metadata[order_id]``.
+    - ``params``: query parameters, merged into the URL as httpx merges them.
+    - ``headers``: this call's headers; secret ones are sent but never stored.
+    - ``timeout``: the httpx timeout of each send (default: the client's).
+    - ``provider``: a profile name or :class:`Provider` for this call (default: the client's).
+    - ``retry``: a :class:`RetryPolicy` for this call (default: the client's).
+    - ``deadline``: a ``timedelta`` or an aware ``datetime``; past it the intent is not
+      sent again (cancelled if never delivered, else expired).
+    - ``fingerprint_fields``: dotted JSON fields that alone make the fingerprint.
+    """
 
     intent: str | None
     key: str | None
@@ -63,6 +86,20 @@ class OnceOptions(TypedDict, total=False):
     fingerprint_fields: Sequence[str] | None
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def with_options(method: F) -> F:
+    """Append the one description of the options (``OnceOptions``) to a ``*_once`` docstring.
+
+    One source for ``help(Client.post_once)`` and the API page, in both clients.
+    """
+    own = inspect.cleandoc(method.__doc__ or "")
+    options = inspect.cleandoc(OnceOptions.__doc__ or "").split("\n", 2)[2]
+    method.__doc__ = f"{own}\n\n{options}"
+    return method
+
+
 def _deadline(deadline: DeadlineInput, now: float, reference: str | None) -> float | None:
     if deadline is None:
         return None
@@ -71,7 +108,7 @@ def _deadline(deadline: DeadlineInput, now: float, reference: str | None) -> flo
     if isinstance(deadline, datetime) and deadline.tzinfo is not None:
         return deadline.timestamp()
     raise ConfigurationError(
-        "deadline= takes a timedelta or a timezone-aware datetime", reference=reference
+        "deadline= takes a timedelta or a timezone-aware datetime", intent=reference
     )
 
 
@@ -85,9 +122,9 @@ def outcome_of(call: Callable[[], int]) -> int | OutboxError:
 
 def named(exc: PostonceError, reference: str, key: str) -> PostonceError:
     """The same error, naming the intent it happened to."""
-    if exc.reference is not None:
+    if exc.intent is not None:
         return exc
-    renamed = type(exc)(exc.message, reference=reference, key=key)
+    renamed = type(exc)(exc.message, intent=reference, key=key)
     renamed.__cause__ = exc.__cause__ or exc
     return renamed
 
@@ -96,6 +133,8 @@ class BaseClient:
     """Settings and planning shared by both clients; see ``Client`` for the parameters."""
 
     _http: httpx.Client | httpx.AsyncClient
+    #: Whether this client awaits coroutine hooks (AsyncClient) or refuses them (Client).
+    _awaits_hooks = False
 
     def __init__(
         self,
@@ -133,6 +172,9 @@ class BaseClient:
         self._secret_names = frozenset(
             {*DEFAULT_SECRET_HEADERS, *(name.lower() for name in secret_headers)}
         )
+        # Checked now, opened on first use: a typo'd URL or directory fails where the
+        # client is built, not at the first charge with a key that was never stored.
+        check_spec(outbox)
         self._outbox_spec = outbox
         self._durability: Durability = durability
         self._store: Store | None = (
@@ -149,6 +191,16 @@ class BaseClient:
         )
         if not all(isinstance(h, Hooks) for h in self.hooks):
             raise ConfigurationError("hooks= takes a postonce.Hooks or a sequence of them")
+        #: Whether any hook wraps sends: the drive loops time the outbox only then.
+        self._around_send = any(h.around_send is not None for h in self.hooks)
+        if not self._awaits_hooks:
+            for registered in self.hooks:
+                for name, hook in coroutine_hooks(registered):
+                    raise ConfigurationError(
+                        f"hook {name}={getattr(hook, '__qualname__', hook)!r} is a coroutine "
+                        "function: postonce.Client calls hooks without awaiting them; use a "
+                        "plain function, or postonce.AsyncClient, which awaits them"
+                    )
         #: The client-wide retry budget (None: retries are never held back).
         self.retry_budget: RetryBudget | None = (
             RetryBudget()
@@ -264,6 +316,7 @@ class BaseClient:
         """Point this client at another outbox; only before the outbox is first used."""
         if self._store is not None:
             raise ConfigurationError("the outbox is already open; choose it before first use")
+        check_spec(outbox)
         self._outbox_spec = outbox
         self._adopted = False
         if outbox is not None and not isinstance(outbox, str | os.PathLike):
@@ -293,7 +346,7 @@ class BaseClient:
         try:
             profile = get_provider(provider) if provider is not None else self.provider
         except PostonceError as exc:
-            raise type(exc)(exc.message, reference=intent) from None
+            raise type(exc)(exc.message, intent=intent) from None
         prepared = prepare(
             self._http,
             method,
@@ -343,9 +396,12 @@ class BaseClient:
             timeout = lib.USE_CLIENT_DEFAULT  # httpx2's client knows only its own marker
         else:
             timeout = adapt_timeout(timeout, lib)
+        policy = retry if retry is not None else self.retry
+        if TESTING.on and TESTING.attempts is not None and policy.attempts > TESTING.attempts:
+            policy = policy.model_copy(update={"attempts": TESTING.attempts})
         return Sender(
             provider=provider,
-            policy=retry if retry is not None else self.retry,
+            policy=policy,
             owner=self.owner,
             lease_seconds=self.lease_seconds,
             clock=self._clock,

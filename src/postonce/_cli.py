@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import importlib
+import inspect
 import io
 import json
 import os
@@ -17,6 +18,7 @@ from typing import Any
 import click
 from tabulate import tabulate
 
+from ._async_client import AsyncClient
 from ._client import Client
 from ._drain import DrainReport
 from ._exceptions import PostonceError
@@ -69,12 +71,15 @@ def _summary(record: IntentRecord) -> dict[str, Any]:
     }
 
 
-def _output(rows: list[dict[str, Any]], fmt: str | None) -> None:
-    """JSON by default, a table on a terminal; --nl, --csv and -t on request."""
+def _output(rows: list[dict[str, Any]], fmt: str | None, *, one: bool = False) -> None:
+    """JSON by default, a table on a terminal; --nl, --csv and -t on request.
+
+    ``one``: the command reports one thing (stats), so JSON is an object, not a list of one.
+    """
     if fmt is None:
         fmt = "table" if sys.stdout.isatty() else "json"
     if fmt == "json":
-        click.echo(json.dumps(rows, indent=2))
+        click.echo(json.dumps(rows[0] if one else rows, indent=2))
     elif fmt == "nl":
         for row in rows:
             click.echo(json.dumps(row))
@@ -92,7 +97,7 @@ def _output(rows: list[dict[str, Any]], fmt: str | None) -> None:
 def _formats(command: Callable[..., Any]) -> Callable[..., Any]:
     for flag, value, text in reversed(
         [
-            ("--json", "json", "JSON array (the default when not on a terminal)"),
+            ("--json", "json", "JSON (the default when not on a terminal)"),
             ("--nl", "nl", "newline-delimited JSON"),
             ("--csv", "csv", "CSV with a header row"),
             ("-t", "table", "a table (the default on a terminal)"),
@@ -115,7 +120,29 @@ def main() -> None:
 # -- drain ---------------------------------------------------------------------------
 
 
+_FRAMEWORKS = {"fastapi", "starlette", "flask", "django", "litestar", "quart", "sanic"}
+
+
+def _what(target: object) -> str:
+    """What an --app attribute is, for the message that refuses it."""
+    kind = type(target)
+    if kind.__module__.split(".")[0] in _FRAMEWORKS:
+        return f"a {kind.__name__} application"
+    if isinstance(target, AsyncClient):
+        return "a postonce.AsyncClient (the drain command runs a postonce.Client)"
+    return f"a {kind.__name__}"
+
+
+def _raised(exc: BaseException) -> str:
+    """An exception on one line; a KeyError is most often an unset environment variable."""
+    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, KeyError):
+        text += " (an environment variable that is not set?)"
+    return " ".join(text.split())
+
+
 def _load_client(spec: str) -> Client:
+    """The client --app names; every way this fails is one line, never a traceback."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise click.ClickException(f"--app takes MODULE:ATTRIBUTE, not {spec!r}")
@@ -125,18 +152,41 @@ def _load_client(spec: str) -> Client:
         target: Any = importlib.import_module(module_name)
     except ImportError as exc:
         raise click.ClickException(f"cannot import {module_name!r}: {exc}") from exc
+    except Exception as exc:
+        # The user's module raised while it was imported (configuration read at import).
+        raise click.ClickException(f"importing {module_name!r} raised {_raised(exc)}") from exc
     for part in attr.split("."):
         if not hasattr(target, part):
             raise click.ClickException(f"{module_name!r} has no attribute {attr!r}")
         target = getattr(target, part)
-    if callable(target) and not isinstance(target, Client):
-        target = target()
+    # Only a function is a factory: an ASGI app or other callable object is not called.
+    if inspect.isroutine(target):
+        try:
+            target = target()
+        except Exception as exc:
+            raise click.ClickException(f"{spec}() raised {_raised(exc)}") from exc
+        if not isinstance(target, Client):
+            raise click.ClickException(f"{spec}() returned {_what(target)}, not a postonce.Client")
     if not isinstance(target, Client):
         raise click.ClickException(
-            f"{spec} is a {type(target).__name__}, not a postonce.Client "
-            "(or a function returning one)"
+            f"{spec} is {_what(target)}, not a postonce.Client (or a function returning one)"
         )
     return target
+
+
+def _interactive() -> bool:
+    """Whether a person watches stderr (then the drain shows a progress line)."""
+    return sys.stderr.isatty()
+
+
+def _progress_line(report: DrainReport) -> None:
+    """The TTY progress line, rewritten in place after each batch and once with the report."""
+    click.echo(
+        f"\rclaimed {report.claimed}  succeeded {report.succeeded}  "
+        f"failed {report.failed}  expired {report.expired}  pending {report.pending}",
+        nl=False,
+        err=True,
+    )
 
 
 @main.command()
@@ -190,15 +240,8 @@ def drain(
             raise click.ClickException(str(exc)) from exc
         client.use_outbox(store)
     progress: Callable[[DrainReport], None] | None = None
-    if sys.stderr.isatty():
-
-        def progress(report: DrainReport) -> None:
-            click.echo(
-                f"\rclaimed {report.claimed}  succeeded {report.succeeded}  "
-                f"failed {report.failed}  expired {report.expired}  pending {report.pending}",
-                nl=False,
-                err=True,
-            )
+    if _interactive():
+        progress = _progress_line
 
     try:
         report = client.drain(
@@ -214,6 +257,8 @@ def drain(
         if store is not None:
             store.close()
     if progress is not None:
+        # The last batch's line can trail the report (releases, late outcomes): end on its counts.
+        progress(report)
         click.echo(err=True)
     click.echo(report.model_dump_json(indent=2))
     sys.exit(0 if report.ok else 1)
@@ -279,14 +324,31 @@ def list_(ctx: click.Context, state: str | None, limit: int | None, fmt: str | N
 
 @outbox.command()
 @click.argument("reference")
+@click.option("--json", "fmt", flag_value="json", help="JSON (the default when not on a terminal).")
+@click.option(
+    "-t", "--table", "fmt", flag_value="table", help="tables (the default on a terminal)."
+)
 @click.pass_context
-def show(ctx: click.Context, reference: str) -> None:
-    """Show one intent, its key and every attempt, as JSON.
+def show(ctx: click.Context, reference: str, fmt: str | None) -> None:
+    """Show one intent, its key and every attempt: JSON, or tables with -t.
 
-    Example: postonce outbox show order-1234/charge
+    Times are ISO 8601 in UTC.
+
+    Example: postonce outbox show order-1234/charge -t
     """
     store = _store(ctx)
     record = _get(store, reference)
+    attempts = [
+        {
+            "started_at": _iso(a.started_at),
+            "duration": round(a.duration, 6),
+            "outcome": a.outcome.value,
+            "status": a.status,
+            "error_type": a.error_type,
+            "replayed": a.replayed,
+        }
+        for a in store.attempts(reference)
+    ]
     detail = _summary(record) | {
         "headers": [list(h) for h in record.headers],
         "body": record.body.decode("utf-8", "replace"),
@@ -295,19 +357,16 @@ def show(ctx: click.Context, reference: str) -> None:
         "lease_owner": record.lease_owner,
         "lease_expires_at": _iso(record.lease_expires_at),
         "purged_at": _iso(record.purged_at),
-        "attempts": [
-            {
-                "started_at": _iso(a.started_at),
-                "duration": round(a.duration, 6),
-                "outcome": a.outcome.value,
-                "status": a.status,
-                "error_type": a.error_type,
-                "replayed": a.replayed,
-            }
-            for a in store.attempts(reference)
-        ],
     }
-    click.echo(json.dumps(detail, indent=2))
+    if fmt is None:
+        fmt = "table" if sys.stdout.isatty() else "json"
+    if fmt == "json":
+        click.echo(json.dumps(detail | {"attempts": attempts}, indent=2))
+        return
+    detail["headers"] = "\n".join(f"{name}: {value}" for name, value in record.headers)
+    click.echo(tabulate(list(detail.items()), tablefmt="plain"))
+    click.echo()
+    click.echo(tabulate(attempts, headers="keys") if attempts else "(no attempts)")
 
 
 @outbox.command()
@@ -316,13 +375,15 @@ def show(ctx: click.Context, reference: str) -> None:
 def stats(ctx: click.Context, fmt: str | None) -> None:
     """Counts per state, oldest pending, next due, and expired intents needing attention.
 
+    Prints one JSON object (one row with --nl, --csv or -t). Times are ISO 8601 in UTC.
+
     Example: postonce outbox stats --json
     """
     data = _store(ctx).stats(now=time.time())
     row = {**data.pop("states"), **data}
     for name in ("oldest_pending_created_at", "next_due_at"):
         row[name] = _iso(row[name])
-    _output([row], fmt)
+    _output([row], fmt, one=True)
 
 
 def _operator(ctx: click.Context, reference: str, to: State, note: str) -> None:
@@ -383,7 +444,9 @@ def resolve(ctx: click.Context, reference: str, succeeded: bool, failed: bool, n
 def purge(ctx: click.Context, older_than: timedelta, tombstones: bool) -> None:
     """Forget finished intents, keeping a tombstone that refuses a second execution.
 
-    Only terminal intents (succeeded, failed, expired, cancelled) are purged.
+    Only succeeded, failed and cancelled intents are purged. Expired intents are
+    kept until an operator resolves them (postonce outbox resolve): they still
+    need reconciling with the provider.
 
     Example: postonce outbox purge --older-than 30d
     """
@@ -398,10 +461,23 @@ def purge(ctx: click.Context, older_than: timedelta, tombstones: bool) -> None:
 @click.option("--jsonl", is_flag=True, default=True, help="One JSON object per line (default).")
 @click.pass_context
 def export(ctx: click.Context, jsonl: bool) -> None:
-    """Export every intent with its attempts as JSON lines.
+    """Export every intent with its attempts as JSON lines; times are ISO 8601 in UTC.
 
     Example: postonce outbox export --jsonl > outbox.jsonl
     """
     rows: Iterable[dict[str, Any]] = _store(ctx).export_rows()
     for row in rows:
-        click.echo(json.dumps(row))
+        click.echo(json.dumps(_iso_times(row)))
+
+
+def _iso_times(row: dict[str, Any]) -> dict[str, Any]:
+    """A row with its Unix-time fields (``*_at``) as ISO 8601, as every command prints them."""
+    out: dict[str, Any] = {}
+    for name, value in row.items():
+        if name.endswith("_at") and isinstance(value, int | float) and not isinstance(value, bool):
+            out[name] = _iso(value)
+        elif isinstance(value, list):
+            out[name] = [_iso_times(v) if isinstance(v, dict) else v for v in value]
+        else:
+            out[name] = value
+    return out

@@ -8,21 +8,20 @@ from collections.abc import Callable, Collection, Generator, Sequence
 from typing import Any
 
 import httpx
-from typing_extensions import Unpack
 
-from ._base import BaseClient, OnceOptions, named, outcome_of
+from ._base import BaseClient, DeadlineInput, named, outcome_of, with_options
 from ._budget import RetryBudget
 from ._drain import DrainReport, Tally, count_outcome, note_foreign, run_drain, stop_on_signals
 from ._exceptions import ConfigurationError, OutboxError, PostonceError
 from ._flow import Abandoned, Effect, Send, Sleep, StoreCall, run
 from ._intent import IntentRecord
-from ._observe import Hooks
+from ._observe import Hooks, SendDetail, sending
 from ._outbox.base import Opened, Store
 from ._outbox.behind import WriteBehind
 from ._outbox.locate import OutboxSpec
 from ._outbox.sqlite import Durability
 from ._policy import RetryPolicy
-from ._wire import HeaderInput
+from ._wire import UNSET, HeaderInput
 from .providers import Provider
 
 __all__ = ["Client"]
@@ -122,17 +121,27 @@ class Client(BaseClient):
 
     # -- requests ------------------------------------------------------------
 
+    @with_options
     def request_once(
         self,
         method: str,
         url: httpx.URL | str,
-        **options: Unpack[OnceOptions],
+        *,
+        intent: str | None = None,
+        key: str | None = None,
+        json: Any = UNSET,
+        content: Any = UNSET,
+        data: Any = UNSET,
+        params: Any = None,
+        headers: HeaderInput = None,
+        timeout: Any = httpx.USE_CLIENT_DEFAULT,
+        provider: str | Provider | None = None,
+        retry: RetryPolicy | None = None,
+        deadline: DeadlineInput = None,
+        fingerprint_fields: Sequence[str] | None = None,
     ) -> httpx.Response:
         """Send ``method url`` once per intent; return the one true answer.
 
-        Takes httpx's ``json``, ``content``, ``data``, ``params``, ``headers``
-        and ``timeout``, and postonce's ``intent``, ``key``, ``provider``,
-        ``retry``, ``deadline`` and ``fingerprint_fields`` (see ``OnceOptions``).
         ``intent`` names what you want done once (``"order-1234/charge"``);
         without it the call is its own intent. The intent is committed to the
         outbox before the first send. A final answer (2xx, or a 4xx such as
@@ -145,7 +154,22 @@ class Client(BaseClient):
         :class:`IdempotencyKeyMismatch`, :class:`IntentConflict`, or
         :class:`InvalidRequest` / :class:`OutboxError` before anything is sent.
         """
-        prepared, sender, new = self._plan(method, url, **options)
+        prepared, sender, new = self._plan(
+            method,
+            url,
+            intent=intent,
+            key=key,
+            json=json,
+            content=content,
+            data=data,
+            params=params,
+            headers=headers,
+            timeout=timeout,
+            provider=provider,
+            retry=retry,
+            deadline=deadline,
+            fingerprint_fields=fingerprint_fields,
+        )
         try:
             writer = self._writer_for()
         except PostonceError as exc:
@@ -171,6 +195,7 @@ class Client(BaseClient):
         value: Any = None
         error: BaseException | None = None
         interrupted: BaseException | None = None
+        sends, outbox_seconds = 0, 0.0
         while True:
             try:
                 effect = flow.throw(error) if error is not None else flow.send(value)
@@ -191,34 +216,171 @@ class Client(BaseClient):
                 if isinstance(effect, Send):
                     if on_send is not None:
                         on_send()
-                    value = self._http.send(effect.request)
+                    if self._around_send:
+                        sends += 1
+                        detail = SendDetail(reference, key, sends, outbox_seconds)
+                        outbox_seconds = 0.0
+                        with sending(self.hooks, detail):
+                            value = self._http.send(effect.request)
+                    else:
+                        value = self._http.send(effect.request)
                 elif isinstance(effect, Sleep):
                     time.sleep(effect.seconds)
                 elif effect.behind:
                     writer.defer(effect.method, effect.kwargs)
                     value = True
                 else:
+                    began = time.perf_counter()
                     value = writer.call(effect.method, effect.kwargs)
+                    outbox_seconds += time.perf_counter() - began
             except Exception as exc:
                 error = exc
             except KeyboardInterrupt as exc:
                 interrupted, error = exc, Abandoned()
 
-    def post_once(self, url: httpx.URL | str, **kwargs: Unpack[OnceOptions]) -> httpx.Response:
+    @with_options
+    def post_once(
+        self,
+        url: httpx.URL | str,
+        *,
+        intent: str | None = None,
+        key: str | None = None,
+        json: Any = UNSET,
+        content: Any = UNSET,
+        data: Any = UNSET,
+        params: Any = None,
+        headers: HeaderInput = None,
+        timeout: Any = httpx.USE_CLIENT_DEFAULT,
+        provider: str | Provider | None = None,
+        retry: RetryPolicy | None = None,
+        deadline: DeadlineInput = None,
+        fingerprint_fields: Sequence[str] | None = None,
+    ) -> httpx.Response:
         """``request_once("POST", url, ...)``: the usual case."""
-        return self.request_once("POST", url, **kwargs)
+        return self.request_once(
+            "POST",
+            url,
+            intent=intent,
+            key=key,
+            json=json,
+            content=content,
+            data=data,
+            params=params,
+            headers=headers,
+            timeout=timeout,
+            provider=provider,
+            retry=retry,
+            deadline=deadline,
+            fingerprint_fields=fingerprint_fields,
+        )
 
-    def put_once(self, url: httpx.URL | str, **kwargs: Unpack[OnceOptions]) -> httpx.Response:
+    @with_options
+    def put_once(
+        self,
+        url: httpx.URL | str,
+        *,
+        intent: str | None = None,
+        key: str | None = None,
+        json: Any = UNSET,
+        content: Any = UNSET,
+        data: Any = UNSET,
+        params: Any = None,
+        headers: HeaderInput = None,
+        timeout: Any = httpx.USE_CLIENT_DEFAULT,
+        provider: str | Provider | None = None,
+        retry: RetryPolicy | None = None,
+        deadline: DeadlineInput = None,
+        fingerprint_fields: Sequence[str] | None = None,
+    ) -> httpx.Response:
         """``request_once("PUT", url, ...)``."""
-        return self.request_once("PUT", url, **kwargs)
+        return self.request_once(
+            "PUT",
+            url,
+            intent=intent,
+            key=key,
+            json=json,
+            content=content,
+            data=data,
+            params=params,
+            headers=headers,
+            timeout=timeout,
+            provider=provider,
+            retry=retry,
+            deadline=deadline,
+            fingerprint_fields=fingerprint_fields,
+        )
 
-    def patch_once(self, url: httpx.URL | str, **kwargs: Unpack[OnceOptions]) -> httpx.Response:
+    @with_options
+    def patch_once(
+        self,
+        url: httpx.URL | str,
+        *,
+        intent: str | None = None,
+        key: str | None = None,
+        json: Any = UNSET,
+        content: Any = UNSET,
+        data: Any = UNSET,
+        params: Any = None,
+        headers: HeaderInput = None,
+        timeout: Any = httpx.USE_CLIENT_DEFAULT,
+        provider: str | Provider | None = None,
+        retry: RetryPolicy | None = None,
+        deadline: DeadlineInput = None,
+        fingerprint_fields: Sequence[str] | None = None,
+    ) -> httpx.Response:
         """``request_once("PATCH", url, ...)``."""
-        return self.request_once("PATCH", url, **kwargs)
+        return self.request_once(
+            "PATCH",
+            url,
+            intent=intent,
+            key=key,
+            json=json,
+            content=content,
+            data=data,
+            params=params,
+            headers=headers,
+            timeout=timeout,
+            provider=provider,
+            retry=retry,
+            deadline=deadline,
+            fingerprint_fields=fingerprint_fields,
+        )
 
-    def delete_once(self, url: httpx.URL | str, **kwargs: Unpack[OnceOptions]) -> httpx.Response:
+    @with_options
+    def delete_once(
+        self,
+        url: httpx.URL | str,
+        *,
+        intent: str | None = None,
+        key: str | None = None,
+        json: Any = UNSET,
+        content: Any = UNSET,
+        data: Any = UNSET,
+        params: Any = None,
+        headers: HeaderInput = None,
+        timeout: Any = httpx.USE_CLIENT_DEFAULT,
+        provider: str | Provider | None = None,
+        retry: RetryPolicy | None = None,
+        deadline: DeadlineInput = None,
+        fingerprint_fields: Sequence[str] | None = None,
+    ) -> httpx.Response:
         """``request_once("DELETE", url, ...)``."""
-        return self.request_once("DELETE", url, **kwargs)
+        return self.request_once(
+            "DELETE",
+            url,
+            intent=intent,
+            key=key,
+            json=json,
+            content=content,
+            data=data,
+            params=params,
+            headers=headers,
+            timeout=timeout,
+            provider=provider,
+            retry=retry,
+            deadline=deadline,
+            fingerprint_fields=fingerprint_fields,
+        )
 
     # -- the drain -----------------------------------------------------------
 

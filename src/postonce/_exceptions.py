@@ -9,7 +9,7 @@ Every error postonce raises derives from :class:`PostonceError`::
     │   └── InvalidKey            a key the provider cannot take raw on the wire
     ├── OutboxError               the outbox could not be opened, read or written
     └── IntentError               what became of one stored intent
-        ├── IntentConflict        same reference, different request (nothing sent)
+        ├── IntentConflict        same intent, different request (nothing sent)
         ├── IntentPending         the foreground gave up; the intent waits for the drain
         ├── IntentExpired         the provider may have forgotten the key: reconcile by hand
         ├── IntentCancelled       never delivered and stopped (operator or deadline)
@@ -17,13 +17,18 @@ Every error postonce raises derives from :class:`PostonceError`::
         ├── IntentResolved        expired, then settled by an operator; no answer stored
         └── IdempotencyKeyMismatch the server says the key was used with another request
 
-Errors raised while handling an intent carry its ``reference`` and, once a
-key exists, its ``key``, and name both in their message (an ``IntentError``
-always has both). Delivery outcomes that are answers (a 402, a 500 the provider
-replays) are not errors: they come back as the ``httpx.Response``.
+Errors raised while handling an intent carry the caller's name for it as
+``intent`` (what was passed as ``intent=``, else the key) and, once a key
+exists, its ``key``, and name both in their message (an ``IntentError``
+always has both). ``reference`` is a deprecated alias of ``intent``; the
+constructors take ``intent=`` and, as before, ``reference=``. Delivery
+outcomes that are answers (a 402, a 500 the provider replays) are not errors:
+they come back as the ``httpx.Response``.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import httpx
 
@@ -45,21 +50,47 @@ __all__ = [
 ]
 
 
+def _one_name(intent: str | None, reference: str | None) -> str | None:
+    """``intent=``, or the older ``reference=`` spelling; both must agree when both are given."""
+    if intent is not None and reference is not None and intent != reference:
+        raise TypeError(f"intent={intent!r} and reference={reference!r} disagree; pass intent=")
+    return intent if intent is not None else reference
+
+
 class PostonceError(Exception):
-    """Root of every error postonce raises."""
+    """Root of every error postonce raises.
+
+    ``intent`` names the intent (``None`` when the error is not about one),
+    ``key`` its idempotency key once one exists.
+    """
+
+    intent: str | None
 
     def __init__(
-        self, message: str, *, reference: str | None = None, key: str | None = None
+        self,
+        message: str,
+        *,
+        intent: str | None = None,
+        key: str | None = None,
+        reference: str | None = None,
     ) -> None:
-        self.reference = reference
+        self.intent = _one_name(intent, reference)
         self.key = key
         self.message = message
         super().__init__(self._render())
 
+    @property
+    def reference(self) -> str | None:
+        """Deprecated alias of :attr:`intent`."""
+        warnings.warn(
+            "PostonceError.reference is deprecated; use .intent", DeprecationWarning, stacklevel=2
+        )
+        return self.intent
+
     def _render(self) -> str:
         named = []
-        if self.reference is not None:
-            named.append(f"intent {self.reference!r}")
+        if self.intent is not None:
+            named.append(f"intent {self.intent!r}")
         if self.key is not None:
             named.append(f"key {self.key}")
         return f"{self.message} ({', '.join(named)})" if named else self.message
@@ -89,13 +120,31 @@ class OutboxError(PostonceError):
 
 
 class IntentError(PostonceError):
-    """Something about one stored intent stops this call. Names its reference and key."""
+    """Something about one stored intent stops this call. Names its intent and key."""
 
-    reference: str
+    intent: str
     key: str
 
-    def __init__(self, message: str, *, reference: str, key: str) -> None:
-        super().__init__(message, reference=reference, key=key)
+    def __init__(
+        self,
+        message: str,
+        *,
+        intent: str | None = None,
+        key: str,
+        reference: str | None = None,
+    ) -> None:
+        name = _one_name(intent, reference)
+        if name is None:
+            raise TypeError(f"{type(self).__name__} needs intent=")
+        super().__init__(message, intent=name, key=key)
+
+    @property
+    def reference(self) -> str:
+        """Deprecated alias of :attr:`intent`."""
+        warnings.warn(
+            "IntentError.reference is deprecated; use .intent", DeprecationWarning, stacklevel=2
+        )
+        return self.intent
 
 
 class IntentConflict(IntentError):
@@ -109,10 +158,16 @@ class IntentPending(IntentError):
     """
 
     def __init__(
-        self, message: str, *, reference: str, key: str, due_at: float | None = None
+        self,
+        message: str,
+        *,
+        intent: str | None = None,
+        key: str,
+        due_at: float | None = None,
+        reference: str | None = None,
     ) -> None:
         self.due_at = due_at
-        super().__init__(message, reference=reference, key=key)
+        super().__init__(message, intent=intent, key=key, reference=reference)
 
 
 class IntentExpired(IntentError):
@@ -138,11 +193,18 @@ class IntentResolved(IntentError):
     """
 
     def __init__(
-        self, message: str, *, reference: str, key: str, state: str = "", note: str = ""
+        self,
+        message: str,
+        *,
+        intent: str | None = None,
+        key: str,
+        state: str = "",
+        note: str = "",
+        reference: str | None = None,
     ) -> None:
         self.state = state
         self.note = note
-        super().__init__(message, reference=reference, key=key)
+        super().__init__(message, intent=intent, key=key, reference=reference)
 
 
 class IdempotencyKeyMismatch(IntentError):
@@ -155,9 +217,10 @@ class IdempotencyKeyMismatch(IntentError):
         self,
         message: str,
         *,
-        reference: str,
+        intent: str | None = None,
         key: str,
         response: httpx.Response | None = None,
+        reference: str | None = None,
     ) -> None:
         self.response = response
-        super().__init__(message, reference=reference, key=key)
+        super().__init__(message, intent=intent, key=key, reference=reference)

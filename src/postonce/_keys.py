@@ -6,12 +6,16 @@ import hashlib
 import json
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
+from urllib.parse import urlencode
 
 from ._exceptions import InvalidKey, InvalidRequest
 from .providers import Provider
 
-__all__ = ["canonical_json", "check_key", "fingerprint", "mint_key"]
+__all__ = ["canonical_form", "canonical_json", "check_form", "check_key", "fingerprint", "mint_key"]
+
+_SCALARS = (str, int, float, bool, type(None))
 
 # Printable ASCII less '"' and '\': a key must travel as the raw field value,
 # and these are the characters that would need quoting or escaping.
@@ -53,6 +57,51 @@ def canonical_json(value: object) -> bytes:
     return json.dumps(
         value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
     ).encode()
+
+
+def check_form(data: Mapping[Any, Any], *, reference: str | None) -> None:
+    """Refuse a form body httpx would mangle: a nested dict, or a list holding one.
+
+    httpx form-encodes a nested value as its Python repr (``"{'order_id': 'N1'}"``);
+    form APIs spell nesting in the field name instead. A list of scalars is a
+    repeated field, and fine.
+    """
+    for name, value in data.items():
+        if isinstance(value, _SCALARS):
+            continue
+        if isinstance(value, list | tuple) and all(isinstance(v, _SCALARS) for v in value):
+            continue
+        kind = "dict" if isinstance(value, Mapping) else type(value).__name__
+        inner = next(iter(value), "field") if isinstance(value, Mapping) else "0"
+        raise InvalidRequest(
+            f"data= field {name!r} holds a {kind}, which form encoding would turn into its "
+            f"Python text; spell nesting in the field name, as form APIs do: "
+            f"{name}[{inner}]=... (a list of plain values for a repeated field is fine)",
+            reference=reference,
+        )
+
+
+def _form_text(value: object) -> str:
+    # httpx's own spelling of form values (primitive_value_to_str).
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    return "" if value is None else str(value)
+
+
+def canonical_form(data: Mapping[Any, Any]) -> bytes:
+    """A form body with its fields sorted by name: field order does not change the fingerprint.
+
+    The values of a repeated field keep their order (it can mean something).
+    A form already in name order canonicalises to the bytes httpx sends.
+    """
+    pairs: list[tuple[str, str]] = []
+    for name in sorted(data, key=str):
+        value = data[name]
+        for item in value if isinstance(value, list | tuple) else [value]:
+            pairs.append((str(name), _form_text(item)))
+    return urlencode(pairs).encode()
 
 
 def _project(body: object, fields: Sequence[str], reference: str | None) -> dict[str, object]:

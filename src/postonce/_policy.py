@@ -97,6 +97,7 @@ class _Testing:
     """The switch behind ``postonce.testing.set_testing`` (process-wide)."""
 
     on = False
+    attempts: int | None = None  # with on: the most sends a foreground call makes
 
 
 TESTING = _Testing()

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from ._exceptions import ConfigurationError, InvalidKey, InvalidRequest
-from ._keys import check_key, fingerprint, mint_key
+from ._keys import canonical_form, check_form, check_key, fingerprint, mint_key
 from ._sender import DEFAULT_SECRET_PARAMS, origin_of
 from .providers import Provider
 
@@ -83,6 +83,8 @@ def _encode_body(
             reference=reference,
         )
     if data is not UNSET:
+        if isinstance(data, Mapping):
+            check_form(data, reference=reference)
         try:
             encoded = httpx.Request(method, "http://postonce.invalid/", data=data)  # type: ignore[arg-type]
         except TypeError as exc:
@@ -258,11 +260,12 @@ def prepare(
         body, content_type = _encode_body(method, {**json, field: key}, UNSET, UNSET, reference)
     else:
         body, content_type = _encode_body(method, json, content, data, reference)
+        # A form is hashed with its fields in name order, as JSON is with sorted keys.
         digest = fingerprint(
             method,
             target,
             json_body=json,
-            raw_body=body,
+            raw_body=canonical_form(data) if isinstance(data, Mapping) else body,
             is_json=json is not UNSET,
             fields=fingerprint_fields,
             reference=reference,

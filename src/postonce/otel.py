@@ -23,13 +23,17 @@ or the intent ended ``failed`` (a final non-2xx answer, or a refused key).
 drain (``postonce.state`` is ``pending``, ``postonce.error`` names it).
 Otherwise the status stays ``UNSET``.
 
-Context. The span is never made current: hooks run inside postonce's flow (a
-generator driven by a blocking or an async shell), where attaching a context
-would leak it into the caller. So the span is *not* the parent of the spans
-an httpx instrumentation makes for each send: those are its siblings. Its own
-parent is whatever span is current where the call is made (hooks run on the
-caller's thread or task), so wrapping a call in a span of your own groups
-both under it.
+Context. The span is current only while each HTTP send is in flight (the
+``around_send`` hook, entered and left by the client's own loop on the
+sending thread or task), so the spans an httpx instrumentation such as
+opentelemetry-instrumentation-httpx makes for each attempt are its children;
+it never leaks into the caller's code. Its own parent is whatever span is
+current where the call is made, so wrapping a call in a span of your own
+groups everything under it.
+
+The outbox write-ahead (the commit of the intent and its lease before the
+first send) is the event ``write_ahead`` on the span, with
+its duration in seconds as ``postonce.outbox.duration``.
 
 Importing :mod:`postonce` never imports OpenTelemetry; only this module does.
 """
@@ -38,6 +42,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 try:
@@ -57,6 +62,7 @@ from ._observe import (
     Hooks,
     ReplayDetail,
     RetryDetail,
+    SendDetail,
     StartDetail,
 )
 from ._version import __version__
@@ -117,6 +123,22 @@ class _Recorder:
         with self._lock:
             stack = self._open.get((intent, key))
             return stack[-1] if stack else None
+
+    def around_send(self, d: SendDetail) -> AbstractContextManager[object]:
+        """The intent's span made current for one send (the parent of the send's own spans)."""
+        with self._lock:
+            stack = self._open.get((d.intent, d.key))
+            if not stack:
+                # A resumed intent sends with its stored key, not the one the call minted.
+                stack = next((v for (i, _), v in reversed(self._open.items()) if i == d.intent), [])
+            opened = stack[-1] if stack else None
+        if opened is None:
+            return nullcontext()
+        if d.number == 1 and d.outbox_seconds > 0:
+            opened.span.add_event("write_ahead", {"postonce.outbox.duration": d.outbox_seconds})
+        return trace.use_span(
+            opened.span, end_on_exit=False, record_exception=False, set_status_on_exception=False
+        )
 
     def on_start(self, d: StartDetail) -> None:
         span = self.tracer.start_span(
@@ -248,4 +270,5 @@ def otel_hooks(
         on_give_up=recorder.on_give_up,
         on_start=recorder.on_start,
         on_end=recorder.on_end,
+        around_send=recorder.around_send,
     )

@@ -8,8 +8,10 @@ store. It does not survive the process and no other process can see it: it
 is for tests only, never for production.
 
 :func:`set_testing` removes backoff waits, so a test of your retry handling
-runs in milliseconds with the policy you ship. Everything else stays real:
-the same key on every retry, the horizon, the write-ahead.
+runs in milliseconds with the policy you ship, and with ``attempts=N`` caps
+each foreground call at N sends, as stamina's ``set_testing`` does.
+Everything else stays real: the same key on every retry, the horizon, the
+write-ahead.
 
 Example:
 
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 from types import TracebackType
 
+from ._exceptions import ConfigurationError
 from ._outbox.memory import MemoryOutbox
 from ._policy import TESTING
 
@@ -44,14 +47,20 @@ class set_testing:  # a function to call that is also a context manager
     """Turn testing mode on (or off with ``set_testing(False)``), for the whole process.
 
     In testing mode retries do not wait: no backoff and no Retry-After wait;
-    an in-flight answer (e.g. 409) waits 10 ms. Call it once in a test
-    suite's set-up, or use it as a context manager, which restores the
-    previous mode on exit.
+    an in-flight answer (e.g. 409) waits 10 ms. ``attempts=N`` also caps
+    every foreground call at N sends (a policy asking for fewer keeps its
+    number), so a test of "the call gives up and the drain finishes it"
+    needs no policy of its own; ``None`` (the default) leaves the policy's
+    count. Call it once in a test suite's set-up, or use it as a context
+    manager, which restores the previous mode on exit.
     """
 
-    def __init__(self, on: bool = True) -> None:
-        self._before = TESTING.on
+    def __init__(self, on: bool = True, *, attempts: int | None = None) -> None:
+        if attempts is not None and (isinstance(attempts, bool) or attempts < 1):
+            raise ConfigurationError(f"set_testing(attempts=) must be 1 or more, not {attempts!r}")
+        self._before = (TESTING.on, TESTING.attempts)
         TESTING.on = on
+        TESTING.attempts = attempts if on else None
 
     def __enter__(self) -> set_testing:
         return self
@@ -62,7 +71,7 @@ class set_testing:  # a function to call that is also a context manager
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        TESTING.on = self._before
+        TESTING.on, TESTING.attempts = self._before
 
 
 def is_testing() -> bool:

@@ -4,18 +4,33 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import platformdirs
 
-from .._exceptions import ConfigurationError
+from .._exceptions import ConfigurationError, OutboxError
 from .base import Store
 from .sqlite import Durability, SQLiteStore
 
-__all__ = ["ENV_VAR", "OutboxSpec", "default_outbox_path", "open_store", "split_schema"]
+__all__ = [
+    "ENV_VAR",
+    "OutboxSpec",
+    "check_spec",
+    "default_outbox_path",
+    "open_store",
+    "probe_postgres",
+    "split_schema",
+]
 
 ENV_VAR = "POSTONCE_OUTBOX"
 OutboxSpec = str | os.PathLike[str] | Store | None
+
+_POSTGRES = ("postgresql://", "postgres://")
+_SQLITE = "sqlite:///"
+#: The forms an outbox spec takes, for every message that refuses one.
+ACCEPTED = "a path (outbox.sqlite3), sqlite:///path, or postgresql://user@host/db[?schema=name]"
+#: Seconds the PostgreSQL probe waits to connect: a wrong host fails in this, not in a pool hang.
+PROBE_TIMEOUT = 5
 
 
 def default_outbox_path() -> Path:
@@ -39,7 +54,85 @@ def split_schema(url: str) -> tuple[str, str]:
     schemas = [value for name, value in query if name == "schema"]
     rest = [(name, value) for name, value in query if name != "schema"]
     schema = schemas[-1] if schemas else "postonce"
-    return urlunsplit(parts._replace(query=urlencode(rest))), schema
+    # quote, not urlencode's default quote_plus: libpq decodes %20 but leaves "+" as a plus,
+    # so application_name='web 1' would reach the server as "web+1".
+    return urlunsplit(parts._replace(query=urlencode(rest, quote_via=quote))), schema
+
+
+def _sqlite_path(where: str) -> Path:
+    if where.startswith(_SQLITE):
+        where = where[len(_SQLITE) :]
+    return Path(where).expanduser()
+
+
+def check_spec(spec: OutboxSpec) -> None:
+    """Refuse a spec that cannot name an outbox, before anything is opened or created.
+
+    An unknown URL scheme (``postgress://``) and a path whose directory does
+    not exist are ConfigurationErrors: a typo must not create a new, empty
+    outbox that mints new keys for old orders. The default location (no
+    argument, no ``POSTONCE_OUTBOX``) is the one path whose directory is created.
+    """
+    where = describe(spec)
+    if not isinstance(where, str):
+        return
+    if where.startswith(_POSTGRES):
+        return
+    if "://" in where and not where.startswith(_SQLITE):
+        raise ConfigurationError(f"unknown outbox URL {_redact(where)!r}: use {ACCEPTED}")
+    if spec is None and not os.environ.get(ENV_VAR):
+        return
+    path = _sqlite_path(where)
+    if not path.parent.is_dir():
+        raise ConfigurationError(
+            f"the outbox directory {os.fspath(path.parent)!r} does not exist: create it, or fix "
+            f"the path {where!r} (postonce creates only the default location's directory)"
+        )
+
+
+def _redact(url: str) -> str:
+    """A URL for a message: without a password."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def probe_postgres(url: str, *, timeout: int = PROBE_TIMEOUT) -> None:
+    """Connect once, directly, and raise one line naming the database and the cause.
+
+    The pool would retry a database that does not exist, or a role it refuses,
+    until its own timeout, logging each try; one direct connection says why at once.
+    """
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        params = conninfo_to_dict(url)
+    except psycopg.ProgrammingError as exc:
+        raise ConfigurationError(f"the PostgreSQL outbox URL is not valid: {exc}") from None
+    try:
+        with psycopg.connect(url, connect_timeout=timeout, autocommit=True):
+            pass
+    except psycopg.Error as exc:
+        database = params.get("dbname") or params.get("user") or os.environ.get("PGDATABASE")
+        host = params.get("host") or os.environ.get("PGHOST") or "localhost"
+        raise OutboxError(
+            f"cannot open the PostgreSQL outbox database {database!r} on {host}: {_cause(exc)}"
+        ) from exc
+
+
+def _cause(exc: Exception) -> str:
+    """libpq's reason, on one line (its messages run over several, prefixed FATAL)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    reason = lines[-1] if lines else type(exc).__name__
+    for prefix in ("connection failed:", "FATAL:"):
+        if reason.startswith(prefix):
+            reason = reason[len(prefix) :].strip()
+    if ": FATAL:" in reason:
+        reason = reason.split(": FATAL:", 1)[1].strip()
+    return reason
 
 
 def open_store(spec: OutboxSpec, *, durability: Durability = "full", create: bool = True) -> Store:
@@ -53,7 +146,9 @@ def open_store(spec: OutboxSpec, *, durability: Durability = "full", create: boo
     where = describe(spec)
     if not isinstance(where, str):
         return where
-    if where.startswith(("postgresql://", "postgres://")):
+    if create:
+        check_spec(spec)
+    if where.startswith(_POSTGRES):
         try:
             from .postgres import PostgresStore
         except ImportError as exc:
@@ -61,9 +156,8 @@ def open_store(spec: OutboxSpec, *, durability: Durability = "full", create: boo
                 "a PostgreSQL outbox needs the postgres extra: pip install 'postonce[postgres]'"
             ) from exc
         url, schema = split_schema(where)
+        probe_postgres(url)
         return PostgresStore(url, schema=schema, durability=durability, create=create)
-    if where.startswith("sqlite:///"):
-        where = where[len("sqlite:///") :]
-    elif "://" in where:
-        raise ConfigurationError(f"unknown outbox URL {where!r}: use a path or sqlite:///path")
-    return SQLiteStore(Path(where).expanduser(), durability=durability, create=create)
+    if "://" in where and not where.startswith(_SQLITE):
+        raise ConfigurationError(f"unknown outbox URL {_redact(where)!r}: use {ACCEPTED}")
+    return SQLiteStore(_sqlite_path(where), durability=durability, create=create)

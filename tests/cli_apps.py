@@ -1,0 +1,24 @@
+"""--app targets that are wrong in the ways a real application is: for tests/test_cli.py."""
+
+from __future__ import annotations
+
+import fastapi
+
+import postonce
+from postonce.testing import MemoryOutbox
+
+#: A web application where the client was meant: "is a FastAPI application".
+app = fastapi.FastAPI()
+
+#: The async client, which the drain command does not run.
+async_client = postonce.AsyncClient("http://127.0.0.1:9", outbox=MemoryOutbox())
+
+
+def broken_factory() -> postonce.Client:
+    """A factory that fails the way a missing setting does."""
+    raise RuntimeError("STRIPE_API_KEY is empty")
+
+
+def not_a_factory() -> int:
+    """A factory that returns something else."""
+    return 42
