@@ -164,7 +164,7 @@ def test_key_already_used_by_another_intent_is_a_conflict(make_client: ClientFac
     client.post_once("/charge", json={"a": 1}, intent="o-5", key="k-shared-0001")
     with pytest.raises(postonce.IntentConflict) as exc:
         client.post_once("/charge", json={"a": 1}, intent="o-6", key="k-shared-0001")
-    assert exc.value.reference == "o-6"
+    assert exc.value.intent == "o-6"
     assert len(rec.requests) == 1
 
 
@@ -188,7 +188,7 @@ def test_same_reference_different_request_is_refused_before_sending(
     client.post_once("/charge", json={"amount": 1}, intent="o-7")
     with pytest.raises(postonce.IntentConflict) as exc:
         client.post_once(second_path, json=second_body, intent="o-7")
-    assert exc.value.reference == "o-7"
+    assert exc.value.intent == "o-7"
     assert "o-7" in str(exc.value)
     assert len(rec.requests) == 1
 
@@ -392,7 +392,7 @@ def test_ambiguous_until_the_horizon_expires_and_never_resends(
     client = make_client(provider=short_memory(0.5), transport=rec.transport, retry=patient)
     with pytest.raises(postonce.IntentExpired) as exc:
         client.post_once("/c", json={}, intent="o-22")
-    assert exc.value.reference == "o-22"
+    assert exc.value.intent == "o-22"
     sent = len(rec.requests)
     assert sent >= 1
     record = client.lookup("o-22")

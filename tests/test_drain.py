@@ -176,7 +176,7 @@ def test_purge_keeps_a_tombstone_that_refuses_a_second_execution(
     assert store.purge(before=time.time() + 1, tombstones=False, now=time.time()) == 1
     with pytest.raises(postonce.IntentPurged) as exc:
         client.post_once("/c", json={"a": 1}, intent="old")
-    assert exc.value.reference == "old"
+    assert exc.value.intent == "old"
     with pytest.raises(postonce.IntentConflict):
         client.post_once("/c", json={"a": 2}, intent="old")
     assert len(sent) == 1

@@ -147,7 +147,7 @@ def test_outbox_locked_by_another_process_past_the_busy_timeout(outbox_path: Pat
         )
         with pytest.raises(postonce.OutboxError, match="locked") as exc:
             client.post_once("/c", json={}, intent="locked-out")
-        assert exc.value.reference == "locked-out"
+        assert exc.value.intent == "locked-out"
         assert sent == []
     finally:
         holder.kill()
@@ -172,7 +172,7 @@ def test_disk_full_during_the_write_ahead(outbox_path: Path) -> None:
     store._conn.execute(f"PRAGMA max_page_count = {pages}")
     with pytest.raises(postonce.OutboxError, match="full") as exc:
         client.post_once("/c", json={"n": "x" * 200_000}, intent="too-big")
-    assert exc.value.reference == "too-big"
+    assert exc.value.intent == "too-big"
     assert len(sent) == 1
     assert store.get("too-big") is None
     assert [r.reference for r in store.list_intents()] == ["fits"]

@@ -127,7 +127,7 @@ def test_resuming_another_senders_intent_is_a_conflict(
     before = len(server.requests_for(key))
     with pytest.raises(postonce.IntentConflict, match="service-a") as info:
         b.post_once("/ietf/v1/charges", json={"amount": 1}, intent="shared-ref")
-    assert info.value.reference == "shared-ref"
+    assert info.value.intent == "shared-ref"
     assert len(server.requests_for(key)) == before
 
 
@@ -221,7 +221,7 @@ def test_unsendable_or_foreign_urls_are_refused_before_storing(
     client = make_client(base_url, transport=transport)
     with pytest.raises(postonce.InvalidRequest, match=match) as info:
         client.post_once(url, json={}, intent="bad-url")
-    assert info.value.reference == "bad-url"
+    assert info.value.intent == "bad-url"
     assert "\n" not in str(info.value)
     assert client.lookup("bad-url") is None
     assert sent == []
