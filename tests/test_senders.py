@@ -324,3 +324,48 @@ def test_per_call_secret_params_are_re_added_on_every_send(make_client: ClientFa
     assert record is not None
     assert record.url == "https://api.test/c?x=1"
     assert json.dumps(list(client.outbox.export_rows()), default=str).count("k1") == 0
+
+
+@pytest.mark.parametrize(
+    ("provider", "header"),
+    [
+        ("adyen", "X-API-Key"),
+        ("paypal_orders", "PayPal-Auth-Assertion"),
+        ("aws_client_token", "X-Amz-Security-Token"),
+        ("google_request_id", "X-Goog-Api-Key"),
+    ],
+)
+def test_each_providers_credential_header_is_never_stored(
+    make_client: ClientFactory, outbox: OutboxUnderTest, provider: str, header: str
+) -> None:
+    """A profile's documented credential header, passed per call, is sent but never stored."""
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(503 if len(seen) == 1 else 201)
+
+    client = make_client(
+        "https://api.test", provider=provider, transport=httpx.MockTransport(handler)
+    )
+    body = {"amount": 1}
+    client.post_once("/c", json=body, headers={header: "PROVIDERSECRET"}, intent="cred")
+    assert [r.headers[header] for r in seen] == ["PROVIDERSECRET"] * 2
+    client.close()
+    assert b"PROVIDERSECRET" not in outbox_bytes(outbox)
+
+
+def test_a_providers_credential_header_on_the_client_shapes_its_identity(tmp_path: Path) -> None:
+    """Two Adyen clients with different X-API-Key values are two senders."""
+    made = [
+        postonce.Client(
+            "https://checkout-test.adyen.com",
+            provider="adyen",
+            headers={"X-API-Key": key},
+            outbox=tmp_path / "o.sqlite3",
+        )
+        for key in ("AQE_one", "AQE_two")
+    ]
+    assert made[0].sender != made[1].sender
+    for client in made:
+        client.close()

@@ -170,7 +170,11 @@ class BaseClient:
             raise ConfigurationError("lease_seconds must be positive")
         self.lease_seconds = float(lease_seconds)
         self._secret_names = frozenset(
-            {*DEFAULT_SECRET_HEADERS, *(name.lower() for name in secret_headers)}
+            {
+                *DEFAULT_SECRET_HEADERS,
+                *self.provider.credential_headers,
+                *(name.lower() for name in secret_headers),
+            }
         )
         # Checked now, opened on first use: a typo'd URL or directory fails where the
         # client is built, not at the first charge with a key that was never stored.
@@ -359,7 +363,8 @@ class BaseClient:
             data=data,
             params=params,
             headers=headers,
-            secret_names=self._secret_names,
+            # The call's profile names its provider's credential headers (X-API-Key...).
+            secret_names=self._secret_names | profile.credential_headers,
             fingerprint_fields=fingerprint_fields,
             origins=self.origins,
             secret_params=self._secret_params,

@@ -125,6 +125,10 @@ class Provider(BaseModel):
     replay_headers: tuple[str, ...] = ("Idempotent-Replayed",)
     #: A header saying ``true``/``false`` whether to retry, which overrides the status table.
     retry_hint_header: str | None = None
+    #: Request headers that carry this provider's credentials besides ``Authorization``
+    #: (which is always secret): never stored, compared only as a keyed hash for the
+    #: sender identity, supplied again by whoever sends.
+    credential_headers: frozenset[str] = frozenset()
     sources: tuple[str, ...] = ()
 
     @field_validator("key_pattern")
@@ -182,7 +186,11 @@ def _profiles() -> dict[str, Provider]:
         server_errors="hint",  # "transient-error: true" => retry; absent or false => do not
         replay_headers=(),  # Adyen echoes idempotency-key, it marks no replay
         retry_hint_header="transient-error",
-        sources=("https://docs.adyen.com/development-resources/api-idempotency",),
+        credential_headers=frozenset({"x-api-key"}),  # "an API key in an x-API-key header"
+        sources=(
+            "https://docs.adyen.com/development-resources/api-idempotency",
+            "https://docs.adyen.com/development-resources/api-authentication",
+        ),
     )
     checkout = Provider(
         # Max key length not documented: 36 (a UUIDv4, which Checkout.com recommends).
@@ -259,7 +267,10 @@ def _profiles() -> dict[str, Provider]:
         in_flight=(StatusRule(status=409),),
         server_errors="retry",  # retry 5xx "for as long as the server stores the ID"
         replay_headers=(),
+        # A JWT naming the merchant a partner acts for: authority, so never stored.
+        credential_headers=frozenset({"paypal-auth-assertion"}),
         sources=(
+            "https://developer.paypal.com/api/rest/requests/",
             "https://developer.paypal.com/reference/guidelines/idempotency",
             "https://developer.paypal.com/api/rest/reference/idempotency",
             "github.com/paypal/paypal-rest-api-specifications openapi/checkout_orders_v2.json",
@@ -312,7 +323,11 @@ def _profiles() -> dict[str, Provider]:
         mismatch=(StatusRule(code="IdempotentParameterMismatch"),),
         server_errors="retry",  # retry table: "5xx: retry with backoff", same client token
         replay_headers=(),
+        # Signature Version 4: the signature, the temporary session token, and the
+        # date the signature covers (a stored one would go stale besides).
+        credential_headers=frozenset({"x-amz-security-token", "x-amz-date"}),
         sources=(
+            "https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_sigv-signing-elements.html",
             "https://docs.aws.amazon.com/ec2/latest/devguide/ec2-api-idempotency.html",
             "https://docs.aws.amazon.com/AWSEC2/latest/APIReference/Run_Instance_Idempotency.html",
             "https://docs.aws.amazon.com/AWSEC2/latest/APIReference/errors-overview.html",
@@ -328,7 +343,11 @@ def _profiles() -> dict[str, Provider]:
         retention=timedelta(minutes=60),
         in_flight=(StatusRule(status=409),),
         replay_headers=(),
-        sources=("github.com/aip-dev/google.aip.dev aip/general/0155.md",),
+        credential_headers=frozenset({"x-goog-api-key"}),  # an API key sent as a header
+        sources=(
+            "github.com/aip-dev/google.aip.dev aip/general/0155.md",
+            "https://cloud.google.com/docs/authentication/api-keys-use",
+        ),
     )
     ietf_draft = Provider(
         # draft-ietf-httpapi-idempotency-key-header-07. The draft types the header as
