@@ -5,18 +5,19 @@ from __future__ import annotations
 import fastapi
 
 import postonce
-from postonce.testing import MemoryOutbox
 
 #: A web application where the client was meant: "is a FastAPI application".
 app = fastapi.FastAPI()
-
-#: The async client, which the drain command does not run.
-async_client = postonce.AsyncClient("http://127.0.0.1:9", outbox=MemoryOutbox())
 
 
 def broken_factory() -> postonce.Client:
     """A factory that fails the way a missing setting does."""
     raise RuntimeError("STRIPE_API_KEY is empty")
+
+
+async def broken_async_factory() -> postonce.AsyncClient:
+    """An async factory that fails the way a missing setting does."""
+    raise RuntimeError("ADYEN_API_KEY is empty")
 
 
 def not_a_factory() -> int:

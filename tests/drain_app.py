@@ -28,3 +28,19 @@ def make_client() -> postonce.Client:
 
 
 not_a_client = 42
+
+
+#: The same client for asyncio applications: ``--app tests.drain_app:async_client``.
+async_client = postonce.AsyncClient(
+    os.environ.get("POSTONCE_TEST_BASE_URL", "http://127.0.0.1:9"),
+    transport=default_transport("async"),
+    outbox=os.environ.get("POSTONCE_TEST_OUTBOX"),
+    headers={"X-Worker": os.environ.get("POSTONCE_TEST_WORKER", "drain")},
+    lease_seconds=float(os.environ.get("POSTONCE_TEST_LEASE", "10")),
+    retry=client.retry,
+)
+
+
+async def make_async_client() -> postonce.AsyncClient:
+    """An async factory, for --app tests.drain_app:make_async_client."""
+    return async_client

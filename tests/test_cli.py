@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -19,6 +20,8 @@ import postonce
 from postonce import SQLiteStore, State
 from postonce._cli import main, parse_duration
 from postonce._outbox.base import NewIntent
+from postonce._sender import origin_of
+from postonce.testing import MemoryOutbox
 from tests.conftest import FAST, LoopbackServer, drain_env
 from tests.unread_transport import UnreadMock
 
@@ -187,17 +190,15 @@ def test_progress_line_ends_on_the_report(monkeypatch: pytest.MonkeyPatch) -> No
     lines: list[postonce.DrainReport] = []
     final = postonce.DrainReport(claimed=3, sent=3, succeeded=2, pending=1, duration=0.1)
 
-    class FakeClient:
-        def drain(self, **kwargs: object) -> postonce.DrainReport:
+    class FakeClient(postonce.Client):
+        def drain(self, **kwargs: Any) -> postonce.DrainReport:
             progress = kwargs["progress"]
             assert callable(progress)
             progress(final.model_copy(update={"pending": 0, "succeeded": 1}))
             return final
 
-        def close(self) -> None:
-            pass
-
-    monkeypatch.setattr(_cli, "_load_client", lambda spec: FakeClient())
+    fake = FakeClient("http://api.test", outbox=MemoryOutbox())
+    monkeypatch.setattr(_cli, "_load_client", lambda spec: fake)
     monkeypatch.setattr(_cli, "_progress_line", lines.append)
     monkeypatch.setattr(_cli, "_interactive", lambda: True)
     code, _ = cli("drain", "--app", "x:y")
@@ -236,9 +237,9 @@ def test_progress_line_ends_on_the_report(monkeypatch: pytest.MonkeyPatch) -> No
             id="fastapi-app",
         ),
         pytest.param(
-            ("drain", "--app", "tests.cli_apps:async_client"),
-            "is a postonce.AsyncClient",
-            id="async-client",
+            ("drain", "--app", "tests.cli_apps:broken_async_factory"),
+            "broken_async_factory() raised RuntimeError: ADYEN_API_KEY is empty",
+            id="async-factory-raises",
         ),
         pytest.param(("drain", "--app", "tests.drain_app"), "MODULE:ATTRIBUTE", id="no-colon"),
         pytest.param(("drain", "--app", "tests.drain_app:nothing"), "no attribute", id="attr"),
@@ -364,11 +365,22 @@ def due_intents(
     return keys
 
 
-def test_drain_command_finishes_due_intents(server: LoopbackServer, outbox_path: Path) -> None:
-    """postonce drain --app sends due intents, prints the report and exits 0."""
-    keys = due_intents(server, outbox_path, 5, "cmd", lambda i: b'{"amount":1}')
+@pytest.mark.parametrize(
+    "app",
+    [
+        "tests.drain_app:make_client",
+        "tests.drain_app:async_client",
+        "tests.drain_app:make_async_client",
+    ],
+)
+def test_drain_command_finishes_due_intents(
+    server: LoopbackServer, outbox_path: Path, app: str
+) -> None:
+    """postonce drain --app (a Client, an AsyncClient, or a factory) sends due intents, exits 0."""
+    prefix = f"cmd-{app.rpartition(':')[2]}"  # this run's keys: the server outlives the test
+    keys = due_intents(server, outbox_path, 5, prefix, lambda i: b'{"amount":1}')
     result = subprocess.run(
-        [sys.executable, "-m", "postonce", "drain", "--app", "tests.drain_app:make_client"],
+        [sys.executable, "-m", "postonce", "drain", "--app", app],
         cwd=ROOT,
         env=drain_env(server, outbox_path, "cmd"),
         capture_output=True,
@@ -409,9 +421,13 @@ def test_drain_exits_1_when_something_failed(server: LoopbackServer, outbox_path
     assert json.loads(result.stdout)["failed"] == 1
 
 
-def test_sigterm_stops_drain_forever_cleanly(server: LoopbackServer, outbox_path: Path) -> None:
+@pytest.mark.parametrize("app", ["tests.drain_app:client", "tests.drain_app:async_client"])
+def test_sigterm_stops_drain_forever_cleanly(
+    server: LoopbackServer, outbox_path: Path, app: str
+) -> None:
     """SIGTERM mid-send: the attempt finishes and is recorded, no lease is held, exit 0."""
-    due_intents(server, outbox_path, 3, "term", lambda i: b'{"amount":1,"_test":{"delay":1.0}}')
+    worker = f"term-{app.rpartition(':')[2]}"  # this run's keys and requests, not an earlier one's
+    due_intents(server, outbox_path, 3, worker, lambda i: b'{"amount":1,"_test":{"delay":1.0}}')
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -419,19 +435,19 @@ def test_sigterm_stops_drain_forever_cleanly(server: LoopbackServer, outbox_path
             "postonce",
             "drain",
             "--app",
-            "tests.drain_app:client",
+            app,
             "--forever",
             "--interval",
             "100ms",
         ],
         cwd=ROOT,
-        env=drain_env(server, outbox_path, "term"),
+        env=drain_env(server, outbox_path, worker),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     deadline = time.monotonic() + 30
-    while not any(r["worker"] == "term" for r in server.ledger()["requests"]):
+    while not any(r["worker"] == worker for r in server.ledger()["requests"]):
         assert time.monotonic() < deadline, "the drain never sent"
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.02)
@@ -490,3 +506,45 @@ def test_four_drain_processes_share_one_outbox(server: LoopbackServer, tmp_path:
     store = SQLiteStore(outbox)
     assert store.stats(now=time.time())["states"][State.SUCCEEDED.value] == 1000
     store.close()
+
+
+@pytest.mark.parametrize("app", ["tests.drain_app:client", "tests.drain_app:async_client"])
+def test_drain_command_leaves_another_senders_intents(
+    server: LoopbackServer, outbox_path: Path, app: str
+) -> None:
+    """The CLI drain sends only its client's sender's intents and reports the rest as not ours."""
+    store = SQLiteStore(outbox_path, durability="normal")
+    store.open_intent(
+        NewIntent(
+            reference="theirs",
+            key="theirs-key-0001",
+            key_given=True,
+            provider="ietf_draft",
+            method="POST",
+            url=f"{server.base_url}/ietf/v1/charges",
+            headers=(("content-type", "application/json"),),
+            body=b'{"amount":1}',
+            fingerprint="0" * 64,
+            deadline_at=None,
+            sender="another-service",
+            origin=origin_of(server.base_url),
+        ),
+        owner="crashed-host/1",
+        now=time.time() - 60,
+        lease_for=1,
+    )
+    store.close()
+    result = subprocess.run(
+        [sys.executable, "-m", "postonce", "drain", "--app", app],
+        cwd=ROOT,
+        env=drain_env(server, outbox_path, "mine"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert (report["claimed"], report["not_ours"]) == (0, 1)
+    assert "another sender" in result.stderr
+    assert server.requests_for("theirs-key-0001") == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import importlib
 import inspect
@@ -9,12 +10,14 @@ import io
 import json
 import os
 import re
+import signal
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import anyio
 import click
 from tabulate import tabulate
 
@@ -141,8 +144,11 @@ def _raised(exc: BaseException) -> str:
     return " ".join(text.split())
 
 
-def _load_client(spec: str) -> Client:
-    """The client --app names; every way this fails is one line, never a traceback."""
+AnyClient = Client | AsyncClient
+
+
+def _load_client(spec: str) -> AnyClient | Coroutine[Any, Any, Any]:
+    """The client --app names (a coroutine, for an async factory); each failure is one line."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise click.ClickException(f"--app takes MODULE:ATTRIBUTE, not {spec!r}")
@@ -165,13 +171,51 @@ def _load_client(spec: str) -> Client:
             target = target()
         except Exception as exc:
             raise click.ClickException(f"{spec}() raised {_raised(exc)}") from exc
-        if not isinstance(target, Client):
+        if inspect.iscoroutine(target):
+            return target  # an async factory: awaited on the drain's own loop
+        if not isinstance(target, AnyClient):
             raise click.ClickException(f"{spec}() returned {_what(target)}, not a postonce.Client")
-    if not isinstance(target, Client):
+    if not isinstance(target, AnyClient):
         raise click.ClickException(
-            f"{spec} is {_what(target)}, not a postonce.Client (or a function returning one)"
+            f"{spec} is {_what(target)}, not a postonce.Client or AsyncClient "
+            "(or a function returning one)"
         )
     return target
+
+
+async def _drain_async(
+    made: AsyncClient | Coroutine[Any, Any, Any],
+    spec: str,
+    store: Store | None,
+    options: dict[str, Any],
+) -> DrainReport:
+    """Drain an AsyncClient on this command's own event loop; SIGTERM/SIGINT stop it cleanly."""
+    try:
+        client = await made if inspect.iscoroutine(made) else made
+    except Exception as exc:
+        raise click.ClickException(f"{spec}() raised {_raised(exc)}") from exc
+    if not isinstance(client, AsyncClient):
+        raise click.ClickException(f"{spec}() returned {_what(client)}, not a postonce.AsyncClient")
+    if store is not None:
+        client.use_outbox(store)
+    stop = anyio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        return await client.drain(stop=stop, **options)
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+        await client.aclose()
+
+
+def _close_unused(made: AnyClient | Coroutine[Any, Any, Any]) -> None:
+    """Let go of a loaded client the command will not run."""
+    if isinstance(made, Client):
+        made.close()
+    elif inspect.iscoroutine(made):
+        made.close()  # never awaited: close it so Python does not warn
 
 
 def _interactive() -> bool:
@@ -195,7 +239,7 @@ def _progress_line(report: DrainReport) -> None:
     "app",
     required=True,
     metavar="MODULE:ATTR",
-    help="A configured postonce.Client (or a function returning one).",
+    help="A configured postonce.Client or AsyncClient (or a function returning one).",
 )
 @click.option(
     "--outbox",
@@ -237,23 +281,30 @@ def drain(
         try:
             store = open_store(outbox, create=False)
         except PostonceError as exc:
+            _close_unused(client)
             raise click.ClickException(str(exc)) from exc
-        client.use_outbox(store)
     progress: Callable[[DrainReport], None] | None = None
     if _interactive():
         progress = _progress_line
-
+    options: dict[str, Any] = {
+        "forever": forever,
+        "interval": interval.total_seconds(),
+        "concurrency": concurrency,
+        "progress": progress,
+    }
     try:
-        report = client.drain(
-            forever=forever,
-            interval=interval.total_seconds(),
-            concurrency=concurrency,
-            progress=progress,
-        )
+        if isinstance(client, Client):
+            if store is not None:
+                client.use_outbox(store)
+            try:
+                report = client.drain(**options)
+            finally:
+                client.close()
+        else:
+            report = asyncio.run(_drain_async(client, app, store, options))
     except PostonceError as exc:
         raise click.ClickException(str(exc)) from exc
     finally:
-        client.close()
         if store is not None:
             store.close()
     if progress is not None:
