@@ -42,6 +42,7 @@ def run_python(code: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
         "docs/drain.md",
         "docs/async.md",
         "docs/hosts.md",
+        "docs/senders.md",
         "docs/tutorial.md",
         "docs/stripe.md",
         "docs/adyen.md",

@@ -205,11 +205,16 @@ def test_intents_written_before_senders_are_adopted_by_their_origin(
 @pytest.mark.parametrize(
     ("base_url", "url", "match"),
     [
-        ("", "/v1/charges", "relative URL"),
-        ("http://api.test", "http://user:pass@api.test/c", "auth="),
-        ("http://api.test", "https://evil.test/c", "not one of this client's origins"),
-        ("http://api.test", "ftp://api.test/c", "only http and https"),
-        ("http://api.test", "http://[::1/c", "cannot build this URL"),
+        pytest.param("", "/v1/charges", "relative URL", id="relative"),
+        pytest.param("http://api.test", "http://user:pass@api.test/c", "auth=", id="userinfo"),
+        pytest.param(
+            "http://api.test",
+            "https://evil.test/c",
+            "not one of this client's origins",
+            id="other-origin",
+        ),
+        pytest.param("http://api.test", "ftp://api.test/c", "only http and https", id="scheme"),
+        pytest.param("http://api.test", "http://[::1/c", "cannot build this URL", id="unbuildable"),
     ],
 )
 def test_unsendable_or_foreign_urls_are_refused_before_storing(
