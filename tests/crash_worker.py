@@ -1,6 +1,7 @@
 """A sending process for the crash tests: post_once a run of intents, then exit.
 
 Usage: python -m tests.crash_worker OUTBOX BASE_URL PREFIX COUNT DELAY LEASE [skip-known] [async]
+(LEASE: seconds, or ``default`` for the library's own lease and heartbeat.)
 
 Prints ``ready`` once its client exists, so the tests can time kills from
 then. With ``skip-known`` it leaves intents already in the outbox alone, as a
@@ -24,7 +25,9 @@ def main(argv: list[str]) -> int:
     retry = postonce.RetryPolicy(
         wait_initial=0.01, wait_max=0.05, in_flight_initial=0.02, in_flight_max=0.1
     )
-    options: dict[str, object] = {"outbox": outbox, "retry": retry, "lease_seconds": float(lease)}
+    options: dict[str, object] = {"outbox": outbox, "retry": retry}
+    if lease != "default":  # "default": the library's own lease and heartbeat
+        options["lease_seconds"] = float(lease)
     transport = default_transport("async" if "async" in flags else "sync")
     if transport is not None:  # the CI pass on httpx2
         options["transport"] = transport

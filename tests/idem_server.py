@@ -49,11 +49,15 @@ class Profile:
     mismatch_body: dict[str, Any] = field(default_factory=lambda: {"type": "key_reused"})
     replay_header: str | None = "idempotent-replayed"
     replays_5xx: bool = True
+    # False: a reuse of a completed key is answered 409 forever, never replayed (a
+    # provider that only says "already done"): a lost record can never be repaired.
+    replays_completed: bool = True
 
 
 PROFILES = {
     "ietf": Profile(),
     "stripe": Profile(mismatch_status=400, mismatch_body={"error": {"type": "idempotency_error"}}),
+    "noreplay": Profile(replays_completed=False),
     "checkout": Profile(key_header="cko-idempotency-key", replay_header=None, replays_5xx=False),
     "square": Profile(
         key_header=None,
@@ -215,7 +219,7 @@ class IdempotentApp:
                 await _answer(
                     send, profile.mismatch_status, json.dumps(profile.mismatch_body).encode()
                 )
-            elif not entry.done.is_set():
+            elif not entry.done.is_set() or not profile.replays_completed:
                 await _answer(send, profile.in_flight_status, b'{"error":"in flight"}')
             else:
                 replay = (

@@ -26,9 +26,9 @@ FRESH_KEY_PER_SEND = """
 import uuid
 import postonce._flow as flow
 real = flow.Send
-def send(request):
+def send(request, lease=None):
     request.headers["Idempotency-Key"] = str(uuid.uuid4())
-    return real(request)
+    return real(request, lease)
 flow.Send = send
 """
 IGNORES_THE_PROFILE = """

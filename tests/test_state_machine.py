@@ -131,7 +131,8 @@ class Crash:
 
     ``kill``: nothing more is performed (a send reached there may have left).
     ``interrupt``: ``Abandoned`` is thrown in at the first sleep or send from
-    there on (such a send may have left), and the clean-up is performed.
+    there on, and the clean-up is performed. At an even ``at`` the transport had
+    taken the send's body (it may have left); at an odd one it had not.
     """
 
     kind: Literal["kill", "interrupt"]
@@ -381,7 +382,10 @@ class IntentMachine(RuleBasedStateMachine):
                     self.claim_died |= row is not None and row.first_delivery_at is not None
                     return "killed", None  # no clean-up at all; the lease must expire
                 if not isinstance(effect, StoreCall):
-                    if isinstance(effect, Send):
+                    # An even ``at``: the transport had taken the body when the interrupt
+                    # came (the request may have left); odd: it had not (nothing left).
+                    if isinstance(effect, Send) and crash.at % 2 == 0:
+                        effect.request.read()
                         self._lost_send(effect.request)
                     interrupted, error = True, Abandoned()
                     continue

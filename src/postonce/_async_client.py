@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Generator, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import httpx
@@ -23,7 +23,7 @@ from ._drain import (
     Tally,
     claim_failed,
     count_outcome,
-    note_foreign,
+    note_census,
 )
 from ._exceptions import ConfigurationError, OutboxError, PostonceError
 from ._flow import Abandoned, Effect, Send, Sleep, StoreCall, run
@@ -38,7 +38,7 @@ from ._observe import (
     sending,
     stop_collecting,
 )
-from ._outbox.base import Opened, Store
+from ._outbox.base import Census, Opened
 from ._outbox.locate import OutboxSpec
 from ._outbox.sqlite import Durability
 from ._outbox.threaded import StoreThread
@@ -75,7 +75,8 @@ class AsyncClient(BaseClient):
         retry: RetryPolicy | None = None,
         durability: Durability = "full",
         secret_headers: Collection[str] = (),
-        lease_seconds: float = 120.0,
+        lease_seconds: float = 15.0,
+        heartbeat: float | Literal["auto"] | None = "auto",
         clock: Callable[[], float] | None = None,
         hooks: Hooks | Sequence[Hooks] | None = None,
         retry_budget: RetryBudget | bool = True,
@@ -92,6 +93,7 @@ class AsyncClient(BaseClient):
             durability=durability,
             secret_headers=secret_headers,
             lease_seconds=lease_seconds,
+            heartbeat=heartbeat,
             clock=clock,
             hooks=hooks,
             retry_budget=retry_budget,
@@ -107,13 +109,6 @@ class AsyncClient(BaseClient):
         self._opening: anyio.Lock | None = None
 
     # -- the outbox ----------------------------------------------------------
-
-    @property
-    def outbox(self) -> Store:
-        """The outbox store, opened on first use (records queued behind calls committed first)."""
-        if self._thread is not None:
-            self._thread.wait_behind()
-        return super().outbox
 
     async def _store_thread(self) -> StoreThread:
         if self._thread is None:
@@ -265,19 +260,17 @@ class AsyncClient(BaseClient):
                 if isinstance(effect, Send):
                     if on_send is not None:
                         on_send()
-                    if self._around_send:
-                        sends += 1
-                        detail = SendDetail(reference, key, sends, outbox_seconds)
-                        outbox_seconds = 0.0
-                        with sending(self.hooks, detail):
+                    with self._heartbeat.holding(thread.store, effect.lease):
+                        if self._around_send:
+                            sends += 1
+                            detail = SendDetail(reference, key, sends, outbox_seconds)
+                            outbox_seconds = 0.0
+                            with sending(self.hooks, detail):
+                                value = await self._http.send(effect.request)
+                        else:
                             value = await self._http.send(effect.request)
-                    else:
-                        value = await self._http.send(effect.request)
                 elif isinstance(effect, Sleep):
                     await anyio.sleep(effect.seconds)
-                elif effect.behind:
-                    thread.submit(effect.method, effect.kwargs, behind=True)
-                    value = True
                 else:
                     began = time.perf_counter()
                     ticket = thread.submit(effect.method, effect.kwargs)
@@ -511,12 +504,12 @@ class AsyncClient(BaseClient):
                 progress(tally.report(time.monotonic() - began))
         report = tally.report(time.monotonic() - began)
         # Counted after the drain, best effort: a drain that could not count still drained.
-        foreign = self._foreign_call()
+        census = self._census_call()
         try:
-            counted: int | OutboxError = await thread.call(foreign.method, foreign.kwargs)
+            counted: Census | OutboxError = await thread.call(census.method, census.kwargs)
         except OutboxError as exc:
             counted = exc
-        return note_foreign(report, counted, self.sender)
+        return note_census(report, counted, self.sender)
 
     # -- life cycle ----------------------------------------------------------
 
@@ -524,6 +517,7 @@ class AsyncClient(BaseClient):
         """Close the httpx client, the writer thread and the outbox this client opened."""
         if self._owns_http:
             await self._http.aclose()
+        self._heartbeat.close()
         if self._thread is not None:
             thread, self._thread = self._thread, None
             await anyio.to_thread.run_sync(thread.close)

@@ -14,13 +14,14 @@ import time
 from collections.abc import Callable, Collection, Generator, Sequence
 from datetime import datetime, timedelta
 from types import ModuleType
-from typing import Any, TypedDict, TypeVar
+from typing import Any, Literal, TypedDict, TypeVar
 
 import httpx
 
 from ._budget import RetryBudget
 from ._exceptions import ConfigurationError, OutboxError, PostonceError, UnknownProvider
 from ._flow import Effect, Sender, StoreCall, send_claimed
+from ._heartbeat import Heartbeat
 from ._http import adapt_timeout, library_of
 from ._intent import IntentRecord
 from ._lease import new_owner
@@ -39,12 +40,16 @@ from ._sender import (
 from ._wire import DEFAULT_SECRET_HEADERS, UNSET, HeaderInput, Prepared, parsed_url, prepare
 from .providers import BUILTIN_PROVIDERS, Provider, get_provider, provider_identity, same_provider
 
-__all__ = ["BaseClient", "DeadlineInput", "OnceOptions", "named", "with_options"]
+__all__ = ["LEASE_MARGIN", "BaseClient", "DeadlineInput", "OnceOptions", "named", "with_options"]
+
+#: Seconds a lease must outlast a send's timeout when no heartbeat renews it.
+LEASE_MARGIN = 2.0
 
 logger = logging.getLogger("postonce")
 
 DeadlineInput = datetime | timedelta | None
 HttpT = TypeVar("HttpT", httpx.Client, httpx.AsyncClient)
+T = TypeVar("T")
 
 
 class OnceOptions(TypedDict, total=False):
@@ -112,7 +117,7 @@ def _deadline(deadline: DeadlineInput, now: float, reference: str | None) -> flo
     )
 
 
-def outcome_of(call: Callable[[], int]) -> int | OutboxError:
+def outcome_of(call: Callable[[], T]) -> T | OutboxError:
     """A store call's answer, or the OutboxError it raised."""
     try:
         return call()
@@ -145,6 +150,7 @@ class BaseClient:
         durability: Durability,
         secret_headers: Collection[str],
         lease_seconds: float,
+        heartbeat: float | Literal["auto"] | None = "auto",
         clock: Callable[[], float] | None = None,
         hooks: Hooks | Sequence[Hooks] | None = None,
         retry_budget: RetryBudget | bool = True,
@@ -169,6 +175,15 @@ class BaseClient:
         if lease_seconds <= 0:
             raise ConfigurationError("lease_seconds must be positive")
         self.lease_seconds = float(lease_seconds)
+        if heartbeat == "auto":
+            heartbeat = lease_seconds / 3  # three renewals a lease: 5 s for the 15 s default
+        if heartbeat is not None and not 0 < heartbeat <= lease_seconds / 2:
+            raise ConfigurationError(
+                f"heartbeat= must renew a lease at least twice before it runs out: between 0 and "
+                f"lease_seconds / 2 ({lease_seconds / 2:g} s), not {heartbeat!r}"
+            )
+        #: Seconds between renewals of a lease while its send is in flight (None: off).
+        self.heartbeat = None if heartbeat is None else float(heartbeat)
         self._secret_names = frozenset(
             {
                 *DEFAULT_SECRET_HEADERS,
@@ -189,6 +204,9 @@ class BaseClient:
         self._open_lock = threading.Lock()
         self.owner = new_owner()  # host, boot, pid and start time: others can tell it died
         self._clock: Callable[[], float] = clock if clock is not None else time.time
+        self._heartbeat = Heartbeat(
+            self.heartbeat or self.lease_seconds, self.lease_seconds, self._clock
+        )
         self._lib: ModuleType = httpx  # set with the httpx client: httpx or httpx2
         self.hooks: tuple[Hooks, ...] = (
             () if hooks is None else (hooks,) if isinstance(hooks, Hooks) else tuple(hooks)
@@ -242,8 +260,29 @@ class BaseClient:
         self._identify(http)
         return http, False
 
+    def _check_lease(self, timeout: Any) -> None:
+        """Without a heartbeat, a send must end inside its lease: refuse a timeout that cannot.
+
+        httpx's timeouts bound each phase (connect, each read, each write, the
+        pool), so their sum bounds a send only roughly: a server dripping bytes
+        stays within the read timeout forever. The heartbeat is the real
+        guarantee; this refuses the configurations that plainly break it.
+        """
+        if self.heartbeat is not None:
+            return
+        phases = [getattr(timeout, name, None) for name in ("connect", "read", "write", "pool")]
+        total = None if any(p is None for p in phases) else sum(phases)  # type: ignore[arg-type]
+        if total is None or total + LEASE_MARGIN > self.lease_seconds:
+            raise ConfigurationError(
+                f"with heartbeat=None a send must end inside its lease, but the timeout "
+                f"({'none' if total is None else f'{total:g} s'} in all) plus a "
+                f"{LEASE_MARGIN:g} s margin exceeds lease_seconds={self.lease_seconds:g}: "
+                "keep the heartbeat, or set a finite timeout shorter than the lease"
+            )
+
     def _identify(self, http: httpx.Client | httpx.AsyncClient) -> None:
         """Settle this client's origins and sender identity from its httpx client's settings."""
+        self._check_lease(http.timeout)
         try:
             self.origins = client_origins(str(http.base_url), self._origins_given)
         except ValueError as exc:
@@ -401,6 +440,7 @@ class BaseClient:
             timeout = lib.USE_CLIENT_DEFAULT  # httpx2's client knows only its own marker
         else:
             timeout = adapt_timeout(timeout, lib)
+            self._check_lease(timeout)
         policy = retry if retry is not None else self.retry
         if TESTING.on and TESTING.attempts is not None and policy.attempts > TESTING.attempts:
             policy = policy.model_copy(update={"attempts": TESTING.attempts})
@@ -499,10 +539,10 @@ class BaseClient:
                 "addressed to its own origins"
             )
 
-    def _foreign_call(self) -> StoreCall:
-        """Count the due intents this drain leaves alone (another sender's or origin's)."""
+    def _census_call(self) -> StoreCall:
+        """Count what a drain leaves: others' due intents, and its own that others hold."""
         return StoreCall(
-            "foreign_due", {"sender": self.sender, "origins": self.origins, "now": self._clock()}
+            "census", {"sender": self.sender, "origins": self.origins, "now": self._clock()}
         )
 
     def _provider_for(self, record: IntentRecord) -> Provider:

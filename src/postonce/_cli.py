@@ -432,7 +432,7 @@ def stats(ctx: click.Context, fmt: str | None) -> None:
     """
     data = _store(ctx).stats(now=time.time())
     row = {**data.pop("states"), **data}
-    for name in ("oldest_pending_created_at", "next_due_at"):
+    for name in ("oldest_pending_created_at", "next_due_at", "next_lease_expiry"):
         row[name] = _iso(row[name])
     _output([row], fmt, one=True)
 

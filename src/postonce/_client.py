@@ -5,19 +5,18 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Collection, Generator, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
 from ._base import BaseClient, DeadlineInput, named, outcome_of, with_options
 from ._budget import RetryBudget
-from ._drain import DrainReport, Tally, count_outcome, note_foreign, run_drain, stop_on_signals
+from ._drain import DrainReport, Tally, count_outcome, note_census, run_drain, stop_on_signals
 from ._exceptions import ConfigurationError, OutboxError, PostonceError
 from ._flow import Abandoned, Effect, Send, Sleep, StoreCall, run
 from ._intent import IntentRecord
 from ._observe import Hooks, SendDetail, sending
 from ._outbox.base import Opened, Store
-from ._outbox.behind import WriteBehind
 from ._outbox.locate import OutboxSpec
 from ._outbox.sqlite import Durability
 from ._policy import RetryPolicy
@@ -64,7 +63,8 @@ class Client(BaseClient):
         retry: RetryPolicy | None = None,
         durability: Durability = "full",
         secret_headers: Collection[str] = (),
-        lease_seconds: float = 120.0,
+        lease_seconds: float = 15.0,
+        heartbeat: float | Literal["auto"] | None = "auto",
         clock: Callable[[], float] | None = None,
         hooks: Hooks | Sequence[Hooks] | None = None,
         retry_budget: RetryBudget | bool = True,
@@ -81,6 +81,7 @@ class Client(BaseClient):
             durability=durability,
             secret_headers=secret_headers,
             lease_seconds=lease_seconds,
+            heartbeat=heartbeat,
             clock=clock,
             hooks=hooks,
             retry_budget=retry_budget,
@@ -92,31 +93,12 @@ class Client(BaseClient):
         self._http, self._owns_http = self._own_http(
             http, "Client", base_url, headers, httpx_options
         )
-        self._writer: WriteBehind | None = None
 
     # -- the outbox ----------------------------------------------------------
 
-    @property
-    def outbox(self) -> Store:
-        """The outbox store, opened on first use (records queued behind calls committed first)."""
-        if self._writer is not None:
-            self._writer.flush()
-        return super().outbox
-
-    def _writer_for(self) -> WriteBehind:
-        """The outbox behind its write-behind queue, opened on first use."""
-        writer = self._writer
-        if writer is None:
-            store = super().outbox
-            with self._open_lock:
-                if self._writer is None:
-                    self._writer = WriteBehind(store)
-                writer = self._writer
-        return writer
-
     def lookup(self, intent: str) -> IntentRecord | None:
         """The stored intent with this reference, or None."""
-        record: IntentRecord | None = self._writer_for().call("get", {"reference": intent})
+        record: IntentRecord | None = self.outbox.get(intent)
         return record
 
     # -- requests ------------------------------------------------------------
@@ -171,18 +153,18 @@ class Client(BaseClient):
             fingerprint_fields=fingerprint_fields,
         )
         try:
-            writer = self._writer_for()
+            store = self.outbox
         except PostonceError as exc:
             raise named(exc, prepared.reference, prepared.key) from exc
         response: httpx.Response = self._drive(
-            run(sender, new), writer, prepared.reference, prepared.key
+            run(sender, new), store, prepared.reference, prepared.key
         )
         return response
 
     def _drive(
         self,
         flow: Generator[Effect, Any, Any],
-        writer: WriteBehind,
+        store: Store,
         reference: str,
         key: str,
         on_send: Callable[[], None] | None = None,
@@ -216,22 +198,20 @@ class Client(BaseClient):
                 if isinstance(effect, Send):
                     if on_send is not None:
                         on_send()
-                    if self._around_send:
-                        sends += 1
-                        detail = SendDetail(reference, key, sends, outbox_seconds)
-                        outbox_seconds = 0.0
-                        with sending(self.hooks, detail):
+                    with self._heartbeat.holding(store, effect.lease):
+                        if self._around_send:
+                            sends += 1
+                            detail = SendDetail(reference, key, sends, outbox_seconds)
+                            outbox_seconds = 0.0
+                            with sending(self.hooks, detail):
+                                value = self._http.send(effect.request)
+                        else:
                             value = self._http.send(effect.request)
-                    else:
-                        value = self._http.send(effect.request)
                 elif isinstance(effect, Sleep):
                     time.sleep(effect.seconds)
-                elif effect.behind:
-                    writer.defer(effect.method, effect.kwargs)
-                    value = True
                 else:
                     began = time.perf_counter()
-                    value = writer.call(effect.method, effect.kwargs)
+                    value = effect.on(store)
                     outbox_seconds += time.perf_counter() - began
             except Exception as exc:
                 error = exc
@@ -412,16 +392,16 @@ class Client(BaseClient):
         if concurrency < 1 or interval <= 0:
             raise ConfigurationError("drain needs concurrency >= 1 and interval > 0")
         self._check_drain()
-        writer = self._writer_for()
+        store = self.outbox
         tally = Tally()
         stop = stop if stop is not None else threading.Event()
 
         def claim(due_by: float, limit: int) -> list[Opened]:
             adopt = self._adoption_due()  # one that failed when the outbox opened
             if adopt is not None:
-                self._adopted_result(outcome_of(lambda: writer.call(adopt.method, adopt.kwargs)))
+                self._adopted_result(outcome_of(lambda: adopt.on(store)))
             call = self._claim_call(due_by, limit)
-            claimed: list[Opened] = writer.call(call.method, call.kwargs)
+            claimed: list[Opened] = call.on(store)
             return claimed
 
         def process(opened: Opened) -> None:
@@ -429,7 +409,7 @@ class Client(BaseClient):
             try:
                 outcome: object = self._drive(
                     self._drain_flow(opened),
-                    writer,
+                    store,
                     record.reference,
                     record.key,
                     lambda: tally.add("sent"),
@@ -439,7 +419,7 @@ class Client(BaseClient):
             count_outcome(tally, outcome)
 
         def release(opened: Opened) -> None:
-            self._drive(self._release_flow(opened), writer, opened.record.reference, "")
+            self._drive(self._release_flow(opened), store, opened.record.reference, "")
 
         with stop_on_signals(stop):
             report = run_drain(
@@ -455,10 +435,8 @@ class Client(BaseClient):
                 progress=progress,
             )
         # Counted after the drain, best effort: a drain that could not count still drained.
-        foreign = self._foreign_call()
-        return note_foreign(
-            report, outcome_of(lambda: writer.call(foreign.method, foreign.kwargs)), self.sender
-        )
+        census = self._census_call()
+        return note_census(report, outcome_of(lambda: census.on(store)), self.sender)
 
     # -- life cycle ----------------------------------------------------------
 
@@ -466,9 +444,7 @@ class Client(BaseClient):
         """Close the httpx client and the outbox, where this client opened them."""
         if self._owns_http:
             self._http.close()
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        self._heartbeat.close()
         if self._owns_store and self._store is not None:
             self._store.close()
             self._store = None

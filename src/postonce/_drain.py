@@ -30,7 +30,7 @@ from ._exceptions import (
     OutboxError,
 )
 from ._intent import State
-from ._outbox.base import Opened
+from ._outbox.base import Census, Opened
 
 __all__ = ["JUST_BEFORE", "DrainReport", "Tally", "claim_failed", "run_drain"]
 
@@ -57,6 +57,8 @@ class DrainReport(BaseModel):
     replayed: int = 0  # answers the server marked as replays
     errors: int = 0  # claims that ended in an unexpected error (logged)
     not_ours: int = 0  # due intents of another sender or origin, left alone (counted at the end)
+    in_flight_elsewhere: int = 0  # this sender's intents another owner holds a live lease on
+    next_lease_expiry: float | None = None  # when the first of those leases runs out
     duration: float = 0.0  # seconds
 
     @property
@@ -80,19 +82,32 @@ class Tally:
             return DrainReport(duration=duration, **self.counts)
 
 
-def note_foreign(report: DrainReport, count: int | Exception, sender: str) -> DrainReport:
-    """The report with the due intents it left to their own sender: counted, and said."""
-    if isinstance(count, Exception):
-        logger.warning("drain: could not count other senders' due intents (%s)", count)
+def note_census(report: DrainReport, census: Census | Exception, sender: str) -> DrainReport:
+    """The report with what the drain left, and why: counted, and said in the log."""
+    if isinstance(census, Exception):
+        logger.warning("drain: could not count what it left (%s)", census)
         return report
-    if count:
+    if census.not_ours:
         logger.warning(
             "drain: %d due intents belong to another sender or origin than this client "
             "(sender %r); they are left for a drain of their own client",
-            count,
+            census.not_ours,
             sender,
         )
-    return report.model_copy(update={"not_ours": count})
+    if census.in_flight_elsewhere:
+        logger.info(
+            "drain: %d intents are in flight elsewhere (leased by another owner until %s at the "
+            "earliest)",
+            census.in_flight_elsewhere,
+            census.next_lease_expiry,
+        )
+    return report.model_copy(
+        update={
+            "not_ours": census.not_ours,
+            "in_flight_elsewhere": census.in_flight_elsewhere,
+            "next_lease_expiry": census.next_lease_expiry,
+        }
+    )
 
 
 def count_outcome(tally: Tally, outcome: object) -> None:

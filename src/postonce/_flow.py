@@ -50,7 +50,7 @@ from ._observe import (
 from ._outbox.base import AttemptRecord, Lease, NewIntent
 from ._outbox.rows import storable_response
 from ._policy import RetryPolicy
-from ._watch import watched
+from ._watch import Watch, watched
 from ._wire import parsed_url, wire_headers
 from .providers import Provider
 
@@ -71,24 +71,32 @@ logger = logging.getLogger("postonce")
 
 @dataclass(frozen=True, slots=True)
 class StoreCall:
-    """Call ``store.<method>(**kwargs)``; resume with its result.
+    """Call ``store.<method>(**kwargs)``; resume with its result once it has committed.
 
-    ``behind``: nobody needs the result (the record of a 2xx answer), so a
-    shell may commit it behind the caller and resume at once with ``True``.
-    Losing it to a crash leaves the intent ``sending`` under a lease; the
-    drain re-sends the same key and the provider replays the answer.
+    Every call is waited for, the record of a 2xx answer included: an answer
+    ``post_once`` returns is an answer the outbox keeps, through a crash of the
+    process (a provider that answers a completed key with 409 forever could not
+    repair a lost record).
     """
 
     method: str
     kwargs: dict[str, Any]
-    behind: bool = False
+
+    def on(self, store: Any) -> Any:
+        """Perform this call on ``store`` (a shell's blocking path)."""
+        return getattr(store, self.method)(**self.kwargs)
 
 
 @dataclass(frozen=True, slots=True)
 class Send:
-    """Send ``request`` and read the whole answer; resume with the ``httpx.Response``."""
+    """Send ``request`` and read the whole answer; resume with the ``httpx.Response``.
+
+    ``lease`` is held for the send: a shell's heartbeat renews it while the
+    request is in flight, so a slow but live send is never taken over.
+    """
 
     request: httpx.Request
+    lease: Lease | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,6 +260,7 @@ class _Progress:
     lease: Lease
     delivered_maybe: bool
     in_send: bool = False
+    watch: Watch | None = None  # the body of the send under way: was it handed over?
     sent_at: float = 0.0
     attempts: int = 0  # the intent's attempt count so far
     key_given: bool = False  # the caller chose the key: it may be known to the server
@@ -338,8 +347,14 @@ def _abandon(
     clock: Callable[[], float],
     anchor_before: float | None,
 ) -> Generator[Effect, Any, None]:
-    """Leave an abandoned intent in its true state (see :class:`Abandoned`)."""
-    if progress.in_send:
+    """Leave an abandoned intent in its true state (see :class:`Abandoned`).
+
+    A send stopped before the transport took its body (cancelled while waiting
+    for a connection, say) sent nothing: released, not recorded as ambiguous,
+    so it can still be cancelled.
+    """
+    unsent = progress.watch is not None and progress.watch.unread
+    if progress.in_send and not unsent:
         yield _ambiguous_record(progress, record, clock, "Abandoned")
     else:
         anchor = record.first_delivery_at if progress.delivered_maybe else anchor_before
@@ -485,8 +500,9 @@ def _send_once(
     error: str | None = None
     cause: Exception | None = None
     progress.in_send = True
+    progress.watch = watch
     try:
-        response = yield Send(request)
+        response = yield Send(request, progress.lease)
     except sender.lib.TransportError as exc:
         outcome = classify_exception(exc, body_unread=watch.unread)
         error, cause = type(exc).__name__, exc
@@ -594,8 +610,9 @@ def _record(
     keeps_answer = step.kind in (StepKind.FINISH, StepKind.MISMATCH)
     retrying = step.kind is StepKind.RETRY
     lease_until = tried.now + step.wait + sender.lease_seconds if retrying else None
-    # A lost 2xx record, retry or deferral is repaired by a replay; anything
-    # else a provider might not replay is committed durably.
+    # Every record commits before the flow goes on (a process crash loses none);
+    # ``durable`` adds the fsync for power loss where a provider's replay could
+    # not repair a lost one: a 2xx, a retry or a deferral can be asked again.
     durable = not (retrying or step.kind is StepKind.DEFER or step.state is State.SUCCEEDED)
     anchor = record.first_delivery_at if progress.delivered_maybe else None
     return StoreCall(
@@ -623,9 +640,6 @@ def _record(
             "note": step.reason or None,
             "durable": durable,
         },
-        # Nobody waits on a 2xx record: the answer is in hand, and a lost
-        # record is repaired by the provider's replay.
-        behind=step.kind is StepKind.FINISH and not durable,
     )
 
 

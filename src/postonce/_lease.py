@@ -1,6 +1,7 @@
 """Lease owners: who holds an intent's lease, and whether that process is provably gone.
 
-A lease names its owner as ``host/boot/pidns/pid/start/nonce``: the host name,
+A lease names its owner as ``host/boot/pidns/pid/start/nonce``: the host name
+(``POSTONCE_HOST`` where set),
 the kernel's boot id, the PID namespace, the process id and its start time (in
 clock ticks since boot), and a nonce per client. A claimant on the same host,
 in the same boot and PID namespace, can then tell at once that the owner
@@ -72,7 +73,9 @@ def this_process() -> Owner:
         pidns = str(os.stat("/proc/self/ns/pid").st_ino)
     except OSError:
         pidns = "nons"
-    host = socket.gethostname().replace("/", "_") or "nohost"
+    # POSTONCE_HOST names the host where host names are not unique (containers
+    # that share one, say); a claimant only judges owners of its own host.
+    host = (os.environ.get("POSTONCE_HOST") or socket.gethostname()).replace("/", "_") or "nohost"
     return Owner(f"{host}/{boot}", pidns, os.getpid(), _start_of(os.getpid()) or "0")
 
 

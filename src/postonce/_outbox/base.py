@@ -13,14 +13,13 @@ engine does. Its one job is to make each of these moves atomic and durable:
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .._intent import IntentRecord, Outcome, State, StoredResponse
 
-__all__ = ["AttemptRecord", "Lease", "NewIntent", "Opened", "Store", "lost_behind", "run_calls"]
+__all__ = ["AttemptRecord", "Census", "Lease", "NewIntent", "Opened", "Store", "run_calls"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +62,15 @@ class Opened:
     created: bool
     conflict: str | None  # why the stored intent is not this request; nothing claimed
     anchor_before: float | None  # the horizon anchor before this claim set it
+
+
+@dataclass(frozen=True, slots=True)
+class Census:
+    """What a drain could not finish, and why: nothing unfinished is invisible."""
+
+    not_ours: int  # due, but another sender's or to another origin
+    in_flight_elsewhere: int  # this sender's, leased by another owner (live, or not yet known dead)
+    next_lease_expiry: float | None  # the earliest of those leases' expiries
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +137,7 @@ class Store(Protocol):
         self, *, sender: str, origins: Collection[str] | None, previous: str | None = None
     ) -> int: ...
 
-    def foreign_due(self, *, sender: str, origins: Collection[str] | None, now: float) -> int: ...
+    def census(self, *, sender: str, origins: Collection[str] | None, now: float) -> Census: ...
 
     def get(self, reference: str) -> IntentRecord | None: ...
 
@@ -171,17 +179,3 @@ def run_calls(store: Store, calls: list[tuple[str, dict[str, Any]]]) -> list[tup
         except Exception as exc:
             results.append((False, exc))
     return results
-
-
-def lost_behind(method: str, error: object) -> None:
-    """Log a call committed behind its caller that failed: nobody else can be told.
-
-    Its intent stays ``sending`` under a lease that expires; the drain then
-    sends the same key and gets the provider's replay.
-    """
-    logging.getLogger("postonce").warning(
-        "outbox: a deferred %s failed (%s); the intent stays sending and the drain will "
-        "confirm it with the same key",
-        method,
-        error,
-    )

@@ -355,8 +355,14 @@ def stats_report(
     lease_due: float | None,
     tombstones: int,
     due_now: int,
+    leased: int,
+    lease_expiry: float | None,
 ) -> dict[str, Any]:
-    """``outbox stats`` from the figures a store counted."""
+    """``outbox stats`` from the figures a store counted.
+
+    ``in_flight``: sending under a lease that has not run out (a live sender, or
+    one not yet known dead); ``next_lease_expiry`` is when the first runs out.
+    """
     states = {state.value: 0 for state in State}
     states.update(counts)
     candidates = [t for t in (next_due, lease_due) if t is not None]
@@ -367,4 +373,6 @@ def stats_report(
         "next_due_at": min(candidates) if candidates else None,
         "expired_needing_attention": states[State.EXPIRED.value],
         "tombstones": int(tombstones),
+        "in_flight": int(leased),
+        "next_lease_expiry": lease_expiry,
     }

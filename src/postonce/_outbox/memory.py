@@ -21,7 +21,7 @@ from .._exceptions import IntentConflict
 from .._intent import IntentRecord, State
 from .._lease import alive as lease_owner_alive
 from . import decide
-from .base import AttemptRecord, Lease, NewIntent, Opened
+from .base import AttemptRecord, Census, Lease, NewIntent, Opened
 from .rows import COLUMN_NAMES, decode_attempt, decode_row
 from .store import Mine, StoreBase, Take
 
@@ -189,16 +189,25 @@ class MemoryOutbox(StoreBase):
                     adopted += "sender" in change
         return adopted
 
-    def foreign_due(self, *, sender: str, origins: Collection[str] | None, now: float) -> int:
-        """Due intents this sender may not send: another sender's, or to another origin."""
+    def census(self, *, sender: str, origins: Collection[str] | None, now: float) -> Census:
+        """Due intents this sender may not send, and its intents other owners hold now."""
         mine = Mine(sender, None if origins is None else tuple(origins))
         with self._lock:
-            return sum(
-                1
-                for row in self._rows.values()
-                if self._due(row, now, float("inf"))
-                and not mine.admits(row["sender"], row["origin"])
-            )
+            rows = list(self._rows.values())
+        not_ours = sum(
+            1
+            for row in rows
+            if self._due(row, now, float("inf"))  # due now; a clock step back aside
+            and not mine.admits(row["sender"], row["origin"])
+        )
+        held = [
+            row["lease_expires_at"]
+            for row in rows
+            if row["state"] == State.SENDING.value
+            and (row.get("lease_expires_at") or 0.0) > now
+            and mine.admits(row["sender"], row["origin"])
+        ]
+        return Census(not_ours, len(held), min(held, default=None))
 
     def run_batch(self, calls: list[tuple[str, dict[str, Any]]]) -> list[tuple[bool, Any]]:
         """Run several store calls under the lock, in order; ``(ok, result or exception)`` each.
@@ -275,6 +284,9 @@ class MemoryOutbox(StoreBase):
                 counts[r.state.value] = counts.get(r.state.value, 0) + 1
         pending = [r for r in records if r.state is State.PENDING and r.due_at is not None]
         leased = [r for r in records if r.state is State.SENDING and r.lease_expires_at]
+        live = [
+            r.lease_expires_at for r in leased if r.lease_expires_at and r.lease_expires_at > now
+        ]
         return decide.stats_report(
             counts,
             oldest=min((r.created_at for r in records if r.state is State.PENDING), default=None),
@@ -283,6 +295,8 @@ class MemoryOutbox(StoreBase):
             tombstones=sum(1 for r in records if r.purged_at is not None),
             due_now=sum(1 for r in pending if r.due_at is not None and r.due_at <= now)
             + sum(1 for r in leased if (r.lease_expires_at or 0.0) <= now),
+            leased=len(live),
+            lease_expiry=min(live, default=None),
         )
 
     def operator_move(self, reference: str, to: State, *, now: float, note: str) -> IntentRecord:

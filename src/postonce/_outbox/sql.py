@@ -23,7 +23,7 @@ from .._exceptions import IntentConflict
 from .._intent import IntentRecord, State
 from .._lease import alive as lease_owner_alive
 from . import decide
-from .base import AttemptRecord, Lease, NewIntent, Opened
+from .base import AttemptRecord, Census, Lease, NewIntent, Opened
 from .rows import COLUMNS, decode_attempt, decode_row
 from .store import Mine, StoreBase, Take
 
@@ -48,6 +48,7 @@ class SQLStore(StoreBase):
     def __init__(self, intents: str, attempts: str) -> None:
         self._tables = {"intents": intents, "attempts": attempts}
         self._spelled: dict[str, str] = {}
+        self._shapes: dict[tuple[str, tuple[str, ...]], str] = {}
 
     # -- what a backend supplies -----------------------------------------
 
@@ -123,6 +124,23 @@ class SQLStore(StoreBase):
         )
         return [str(owner) for (owner,) in rows if owner is not None]
 
+    def _shaped(self, template: str, columns: tuple[str, ...]) -> str:
+        """``template`` with ``{sets}``, ``{cols}`` and ``{marks}`` for ``columns``, spelled.
+
+        Cached by shape: the hot path writes the same few column sets every call.
+        """
+        key = (template, columns)
+        spelled = self._shapes.get(key)
+        if spelled is None:
+            text = template.format(
+                **self._tables,
+                sets=", ".join(f"{column} = ?" for column in columns),
+                cols=", ".join(columns),
+                marks=", ".join("?" for _ in columns),
+            )
+            spelled = self._shapes[key] = text.replace("?", self.placeholder)
+        return spelled
+
     def _select(self, text: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         return self._read(self._sql(text), params)
 
@@ -134,10 +152,14 @@ class SQLStore(StoreBase):
         self, conn: Any, intent_id: int, changes: decide.Changes, *, token: str | None = None
     ) -> int:
         """Write ``changes`` to one intent (only while ``token`` owns it, if given)."""
-        fence = " AND claim_token = ?" if token is not None else ""
-        sets = ", ".join(f"{column} = ?" for column in changes)
-        params = (*changes.values(), intent_id) + ((token,) if token is not None else ())
-        cur = self._run(conn, f"UPDATE {{intents}} SET {sets} WHERE id = ?{fence}", params)
+        if token is None:
+            query = self._shaped("UPDATE {intents} SET {sets} WHERE id = ?", tuple(changes))
+            cur = conn.execute(query, (*changes.values(), intent_id))
+        else:
+            query = self._shaped(
+                "UPDATE {intents} SET {sets} WHERE id = ? AND claim_token = ?", tuple(changes)
+            )
+            cur = conn.execute(query, (*changes.values(), intent_id, token))
         return int(cur.rowcount)
 
     def _fenced(self, lease: Lease, changes: decide.Changes, *, durable: bool) -> bool:
@@ -167,18 +189,16 @@ class SQLStore(StoreBase):
     ) -> Opened:
         lease = Lease(0, self._token(), owner, now + lease_for)
         row = decide.insert_row(new, lease, now)
-        columns = ", ".join(row)
-        marks = ", ".join("?" for _ in row)
+        insert = self._shaped(
+            "INSERT INTO {intents} ({cols}) VALUES ({marks})"
+            # Any unique conflict (reference or key, even both at once under
+            # concurrency) inserts nothing; which one it was is read back.
+            " ON CONFLICT DO NOTHING RETURNING id",
+            tuple(row),
+        )
         try:
             with self._write(durable=True) as conn:
-                found = self._run(
-                    conn,
-                    f"INSERT INTO {{intents}} ({columns}) VALUES ({marks})"
-                    # Any unique conflict (reference or key, even both at once under
-                    # concurrency) inserts nothing; which one it was is read back.
-                    " ON CONFLICT DO NOTHING RETURNING id",
-                    tuple(row.values()),
-                ).fetchone()
+                found = conn.execute(insert, tuple(row.values())).fetchone()
                 if found is not None:
                     return decide.created(new, int(found[0]), lease, now)
                 record = self._by_reference(conn, new.reference)
@@ -194,22 +214,20 @@ class SQLStore(StoreBase):
     def _record(
         self, lease: Lease, attempt: AttemptRecord, changes: decide.Changes, *, durable: bool
     ) -> bool:
-        sets = ", ".join(f"{column} = ?" for column in changes)
+        update = self._shaped(
+            "UPDATE {intents} SET {sets}, attempts = attempts + 1"
+            " WHERE id = ? AND claim_token = ? RETURNING attempts",
+            tuple(changes),
+        )
         with self._write(durable=durable) as conn:
-            numbered = self._run(
-                conn,
-                f"UPDATE {{intents}} SET {sets}, attempts = attempts + 1"
-                " WHERE id = ? AND claim_token = ? RETURNING attempts",
-                (*changes.values(), lease.intent_id, lease.token),
+            numbered = conn.execute(
+                update, (*changes.values(), lease.intent_id, lease.token)
             ).fetchone()
             if numbered is None:
                 return False
             row = decide.attempt_row(lease, int(numbered[0]), attempt)
-            columns = ", ".join(row)
-            marks = ", ".join("?" for _ in row)
-            self._run(
-                conn, f"INSERT INTO {{attempts}} ({columns}) VALUES ({marks})", tuple(row.values())
-            )
+            insert = self._shaped("INSERT INTO {attempts} ({cols}) VALUES ({marks})", tuple(row))
+            conn.execute(insert, tuple(row.values()))
             return True
 
     def _claim(
@@ -253,23 +271,22 @@ class SQLStore(StoreBase):
                 adopted += int(cur.rowcount) if "sender" in change else 0
         return adopted
 
-    def foreign_due(self, *, sender: str, origins: Collection[str] | None, now: float) -> int:
-        """Due intents this sender may not send: another sender's, or to another origin."""
-        theirs = "(sender IS NULL OR sender <> ?"
-        params: tuple[Any, ...] = (sender,)
-        if origins is not None:
-            mine = tuple(sorted(origins))
-            marks = ", ".join("?" for _ in mine)
-            theirs += f" OR origin IS NULL OR origin NOT IN ({marks})" if mine else " OR 1 = 1"
-            params += mine
-        theirs += ")"
-        (count,) = self._select(
+    def census(self, *, sender: str, origins: Collection[str] | None, now: float) -> Census:
+        """Due intents this sender may not send, and its intents other owners hold now."""
+        mine = Mine(sender, None if origins is None else tuple(sorted(origins)))
+        only, params = self._mine(mine)
+        theirs = f"NOT (sender IS NOT NULL AND origin IS NOT NULL{only})"
+        ((not_ours, leased, expiry),) = self._select(
             f"SELECT (SELECT count(*) FROM {{intents}} WHERE state = 'pending'"
             f" AND due_at <= ? AND {theirs}) + (SELECT count(*) FROM {{intents}}"
-            f" WHERE state = 'sending' AND lease_expires_at <= ? AND {theirs})",
-            (now, *params, now, *params),
-        )[0]
-        return int(count)
+            f" WHERE state = 'sending' AND lease_expires_at <= ? AND {theirs}),"
+            " (SELECT count(*) FROM {intents}"
+            f" WHERE state = 'sending' AND lease_expires_at > ?{only}),"
+            " (SELECT min(lease_expires_at) FROM {intents}"
+            f" WHERE state = 'sending' AND lease_expires_at > ?{only})",
+            (now, *params, now, *params, now, *params, now, *params),
+        )
+        return Census(int(not_ours), int(leased), expiry)
 
     def get(self, reference: str) -> IntentRecord | None:
         rows = self._select(f"SELECT {COLUMNS} FROM {{intents}} WHERE reference = ?", (reference,))
@@ -301,15 +318,18 @@ class SQLStore(StoreBase):
         counts = self._select(
             "SELECT state, count(*) FROM {intents} WHERE purged_at IS NULL GROUP BY state"
         )
-        oldest, next_due, lease_due, tombstones, due_now = self._select(
+        oldest, next_due, lease_due, tombstones, due_now, leased, expiry = self._select(
             "SELECT"
             " (SELECT min(created_at) FROM {intents} WHERE state = 'pending'),"
             " (SELECT min(due_at) FROM {intents} WHERE state = 'pending'),"
             " (SELECT min(lease_expires_at) FROM {intents} WHERE state = 'sending'),"
             " (SELECT count(*) FROM {intents} WHERE purged_at IS NOT NULL),"
             " (SELECT count(*) FROM {intents} WHERE state = 'pending' AND due_at <= ?)"
-            " + (SELECT count(*) FROM {intents} WHERE state = 'sending' AND lease_expires_at <= ?)",
-            (now, now),
+            " + (SELECT count(*) FROM {intents} WHERE state = 'sending' AND lease_expires_at <= ?),"
+            " (SELECT count(*) FROM {intents} WHERE state = 'sending' AND lease_expires_at > ?),"
+            " (SELECT min(lease_expires_at) FROM {intents}"
+            " WHERE state = 'sending' AND lease_expires_at > ?)",
+            (now, now, now, now),
         )[0]
         return decide.stats_report(
             {str(state): int(count) for state, count in counts},
@@ -318,6 +338,8 @@ class SQLStore(StoreBase):
             lease_due=lease_due,
             tombstones=tombstones,
             due_now=due_now,
+            leased=leased,
+            lease_expiry=expiry,
         )
 
     def operator_move(self, reference: str, to: State, *, now: float, note: str) -> IntentRecord:

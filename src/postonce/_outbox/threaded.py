@@ -22,7 +22,7 @@ from typing import Any
 import anyio
 import sniffio
 
-from .base import Store, lost_behind, run_calls
+from .base import Store, run_calls
 
 __all__ = ["StoreThread", "Ticket"]
 
@@ -56,7 +56,6 @@ class Ticket:
     event: anyio.Event = field(default_factory=anyio.Event)
     ok: bool = False
     result: Any = None
-    behind: bool = False  # nobody waits for it: a failure is logged, not raised
 
     async def wait(self) -> Any:
         await self.event.wait()
@@ -76,16 +75,13 @@ class StoreThread:
         self._start_lock = threading.Lock()
         self.batches = 0  # transactions run; group commit shows as batches < calls
         self.calls = 0
-        self._behind = 0  # behind calls submitted and not yet run
-        self._behind_done = threading.Condition()
 
-    def submit(self, method: str, kwargs: dict[str, Any], *, behind: bool = False) -> Ticket:
+    def submit(self, method: str, kwargs: dict[str, Any]) -> Ticket:
         """Queue a call from async code; the ticket settles after its commit.
 
         Calls submitted in one turn of the event loop reach the writer
-        together, so they can share one transaction. ``behind``: nobody will
-        wait for this ticket (the record of a 2xx answer); it still commits
-        in order, before any call submitted after it.
+        together, so they can share one transaction: the answers of many
+        intents commit in one group, and each caller resumes after it.
         """
         if self._thread is None:
             with self._start_lock:
@@ -95,10 +91,7 @@ class StoreThread:
                     )
                     self._thread.start()
         notify = _notifier()
-        ticket = Ticket(method, kwargs, notify, behind=behind)
-        if behind:
-            with self._behind_done:
-                self._behind += 1
+        ticket = Ticket(method, kwargs, notify)
         with self._start_lock:
             pending = self._pending.setdefault(notify, [])
             pending.append(ticket)
@@ -113,15 +106,6 @@ class StoreThread:
             tickets = self._pending.pop(notify, [])
         if tickets:
             self._queue.put(tickets)
-
-    def wait_behind(self, timeout: float = 30.0) -> None:
-        """Block until every call submitted ``behind`` so far has run (for a direct read)."""
-        with self._start_lock:
-            waiting, self._pending = self._pending, {}
-        for tickets in waiting.values():
-            self._queue.put(tickets)
-        with self._behind_done:
-            self._behind_done.wait_for(lambda: self._behind == 0, timeout)
 
     async def call(self, method: str, kwargs: dict[str, Any]) -> Any:
         return await self.submit(method, kwargs).wait()
@@ -149,13 +133,6 @@ class StoreThread:
             by_loop: dict[Callable[[Callable[[], object]], object], list[Ticket]] = {}
             for ticket, (ok, result) in zip(batch, results, strict=True):
                 ticket.ok, ticket.result = ok, result
-                if ticket.behind:
-                    with self._behind_done:
-                        self._behind -= 1
-                        self._behind_done.notify_all()
-                    if not ok:
-                        lost_behind(ticket.method, result)
-                    continue
                 by_loop.setdefault(ticket.notify, []).append(ticket)
             for notify, tickets in by_loop.items():
                 notify(functools.partial(_wake, tickets))

@@ -1,0 +1,93 @@
+"""The heartbeat: leases of sends in flight are renewed, so a live send is never taken over.
+
+A lease is short (15 s by default) so that a dead host's intents are taken over
+quickly; a send may take longer. While a send is in flight its lease is renewed
+every ``every`` seconds (5 s by default) by one thread per client
+(``postonce-heartbeat``), straight on the store (every store is thread-safe).
+A renewal that finds the lease gone (another owner took it over after this
+process stalled) is logged: fencing keeps the late answer from being recorded.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from ._outbox.base import Lease
+
+__all__ = ["Heartbeat"]
+
+logger = logging.getLogger("postonce")
+
+
+class Heartbeat:
+    """Renews held leases every ``every`` seconds to ``lease_for`` ahead, from its own thread."""
+
+    def __init__(self, every: float, lease_for: float, clock: Callable[[], float]) -> None:
+        self.every = every
+        self.lease_for = lease_for
+        self._clock = clock
+        self._held: dict[int, tuple[Any, Lease]] = {}
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.renewals = 0  # renewals made, for tests and curiosity
+
+    @contextmanager
+    def holding(self, store: Any, lease: Lease | None) -> Iterator[None]:
+        """Keep ``lease`` alive on ``store`` for the duration of the block."""
+        if lease is None:
+            yield
+            return
+        key = next(self._ids)
+        with self._lock:
+            self._held[key] = (store, lease)
+            if self._thread is None:
+                self._stop.clear()
+                self._thread = threading.Thread(
+                    target=self._run, name="postonce-heartbeat", daemon=True
+                )
+                self._thread.start()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._held.pop(key, None)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            with self._lock:
+                held = list(self._held.items())
+            for key, (store, lease) in held:
+                now = self._clock()
+                try:
+                    renewed = store.renew(lease, now=now, until=now + self.lease_for)
+                except Exception as exc:
+                    logger.warning("heartbeat: renewing a lease failed (%s); will try again", exc)
+                    continue
+                with self._lock:
+                    if key not in self._held:
+                        continue  # the send ended meanwhile: its record took the lease
+                    if renewed is None:
+                        del self._held[key]
+                        logger.warning(
+                            "heartbeat: the lease of intent %d was taken over by another "
+                            "owner; this send's answer will not be recorded",
+                            lease.intent_id,
+                        )
+                    else:
+                        self._held[key] = (store, renewed)
+                        self.renewals += 1
+
+    def close(self) -> None:
+        """Stop the thread (held leases are left to expire)."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            self._stop.set()
+            thread.join()
