@@ -276,3 +276,27 @@ def test_a_dead_hosts_intent_is_taken_over_by_another_host_within_its_lease(
     assert record is not None
     print(f"\ncross-host takeover after SIGKILL: {took:.3f} s (lease 1.5 s, heartbeat 0.5 s)")
     assert len(server.effects_for(record.key)) == 1
+
+
+def test_a_client_forked_into_a_child_names_the_child_as_owner(tmp_path: Path) -> None:
+    """After fork() a client's lease owner is the child, so a live child is never seen dead.
+
+    (Found by review: a client built before a daemonizing fork kept the parent's
+    pid; once the parent exited, a drain took the child's in-flight send.)
+    """
+    client = postonce.Client("http://api.test", outbox=tmp_path / "o.sqlite3")
+    parent = client.owner
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report its owner id, and leave without cleanup
+        os.close(read)
+        os.write(write, client.owner.encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        child = pipe.read()
+    os.waitpid(pid, 0)
+    client.close()
+    assert child != parent
+    assert f"/{pid}/" in child
+    assert f"/{os.getpid()}/" in parent

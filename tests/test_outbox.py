@@ -484,3 +484,37 @@ def test_an_outbox_written_before_the_shared_layer_is_read_and_worked(tmp_path: 
         assert [a.outcome for a in store.attempts("retry")] == [Outcome.AMBIGUOUS, Outcome.FINAL]
     finally:
         store.close()
+
+
+def test_a_renewal_never_shortens_a_lease(outbox: str) -> None:
+    """A heartbeat's renewal landing after a retry's record must not cut the retry's lease.
+
+    (Found by review: a late renewal set the lease back to 1 s while the record
+    had kept it for the retry sleep; a drain claimed the intent, and the
+    foreground sent again when it woke.)
+    """
+    store = open_store(outbox)
+    try:
+        opened = store.open_intent(new_intent(), owner="me", now=100.0, lease_for=1.0)
+        assert opened.lease is not None
+        kept = store.record(
+            opened.lease,
+            an_attempt(),
+            state=State.SENDING,
+            anchor=100.0,
+            due_at=None,
+            lease_until=130.0,  # a retry sleeping until 129 keeps its lease
+            response=None,
+            note=None,
+            durable=False,
+        )
+        assert kept
+        late = store.renew(opened.lease, now=100.5, until=101.5)
+        assert late is not None
+        assert late.expires_at == 130.0
+        record = store.get("r-1")
+        assert record is not None
+        assert record.lease_expires_at == 130.0
+        assert store.claim_due(owner="drain", now=120.0, limit=10, lease_for=10.0) == []
+    finally:
+        store.close()

@@ -42,6 +42,7 @@ from ._observe import (
 from ._outbox import SQLiteStore, Store, default_outbox_path
 from ._outbox.base import AttemptRecord
 from ._policy import RetryPolicy
+from ._settle import Resolution, Settlement
 from ._version import __version__
 from .providers import BUILTIN_PROVIDERS, Provider, StatusRule, get_provider
 
@@ -76,11 +77,13 @@ __all__ = [
     "PostonceError",
     "Provider",
     "ReplayDetail",
+    "Resolution",
     "RetryBudget",
     "RetryDetail",
     "RetryPolicy",
     "SQLiteStore",
     "SendDetail",
+    "Settlement",
     "StartDetail",
     "State",
     "StatusRule",

@@ -8,6 +8,8 @@ and on trio through anyio.
 
 from __future__ import annotations
 
+import inspect
+import logging
 import time
 from collections.abc import Callable, Collection, Generator, Sequence
 from typing import Any, Literal
@@ -15,7 +17,7 @@ from typing import Any, Literal
 import anyio
 import httpx
 
-from ._base import BaseClient, DeadlineInput, named, with_options
+from ._base import WAIT_POLL, BaseClient, DeadlineInput, named, with_options
 from ._budget import RetryBudget
 from ._drain import (
     JUST_BEFORE,
@@ -25,9 +27,9 @@ from ._drain import (
     count_outcome,
     note_census,
 )
-from ._exceptions import ConfigurationError, OutboxError, PostonceError
-from ._flow import Abandoned, Effect, Send, Sleep, StoreCall, run
-from ._intent import IntentRecord
+from ._exceptions import ConfigurationError, IntentPending, OutboxError, PostonceError
+from ._flow import Abandoned, Callback, Effect, Send, Sleep, StoreCall, run
+from ._intent import IntentRecord, State
 from ._observe import (
     Hooks,
     Pending,
@@ -43,10 +45,13 @@ from ._outbox.locate import OutboxSpec
 from ._outbox.sqlite import Durability
 from ._outbox.threaded import StoreThread
 from ._policy import RetryPolicy
+from ._settle import Settlement
 from ._wire import UNSET, HeaderInput
 from .providers import Provider
 
 __all__ = ["AsyncClient"]
+
+logger = logging.getLogger("postonce")
 
 
 class AsyncClient(BaseClient):
@@ -83,6 +88,9 @@ class AsyncClient(BaseClient):
         name: str | None = None,
         origins: Collection[str] | None = None,
         secret_params: Collection[str] = (),
+        on_settled: Callable[[Settlement], Any] | None = None,
+        reconcile: Callable[[IntentRecord], Any] | None = None,
+        reconcile_every: float = 3600.0,
         http: httpx.AsyncClient | None = None,
         **httpx_options: Any,
     ) -> None:
@@ -100,6 +108,9 @@ class AsyncClient(BaseClient):
             name=name,
             origins=origins,
             secret_params=secret_params,
+            on_settled=on_settled,
+            reconcile=reconcile,
+            reconcile_every=reconcile_every,
         )
         self._http: httpx.AsyncClient
         self._http, self._owns_http = self._own_http(
@@ -161,6 +172,7 @@ class AsyncClient(BaseClient):
         retry: RetryPolicy | None = None,
         deadline: DeadlineInput = None,
         fingerprint_fields: Sequence[str] | None = None,
+        meta: Any = None,
     ) -> httpx.Response:
         """Send ``method url`` once per intent; see :meth:`postonce.Client.request_once`.
 
@@ -183,15 +195,63 @@ class AsyncClient(BaseClient):
             retry=retry,
             deadline=deadline,
             fingerprint_fields=fingerprint_fields,
+            meta=meta,
         )
         try:
             thread = await self._store_thread()
         except PostonceError as exc:
             raise named(exc, prepared.reference, prepared.key) from exc
-        response: httpx.Response = await self._drive(
-            run(sender, new), thread, prepared.reference, prepared.key
-        )
+        try:
+            response: httpx.Response = await self._drive(
+                run(sender, new), thread, prepared.reference, prepared.key
+            )
+        except PostonceError:
+            await self._settle(thread, prepared.reference, prepared.key)
+            raise
+        await self._settle(thread, prepared.reference, prepared.key)
         return response
+
+    async def _settle(self, thread: StoreThread, reference: str, key: str) -> None:
+        """Deliver the settlement this call owes (if it ended the intent) before returning."""
+        if self.on_settled is None:
+            return
+        try:
+            await self._drive(self._settle_after_call(reference), thread, reference, key)
+        except OutboxError as exc:
+            # Left owed in the outbox: a drain delivers it. The call's own outcome stands.
+            logger.warning("settlement of %r left to the drain: %s", reference, exc)
+
+    async def wait(self, intent: str, *, timeout: float = 30.0) -> httpx.Response:
+        """``await`` the final answer of ``intent``; see :meth:`postonce.Client.wait`."""
+        thread = await self._store_thread()
+        deadline = time.monotonic() + timeout
+        while True:
+            record: IntentRecord | None = await thread.call("get", {"reference": intent})
+            answer = self._settled_answer(record, intent)
+            if answer is not None:
+                return answer
+            assert record is not None
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise IntentPending(
+                    f"not finished after {timeout:g} s", intent=intent, key=record.key
+                )
+            # Off the event loop: PostgreSQL blocks on LISTEN, others sleep briefly.
+            await anyio.to_thread.run_sync(
+                thread.store.wait_change, record.id, min(left, WAIT_POLL)
+            )
+
+    async def resolve(self, intent: str, state: State, *, note: str = "") -> IntentRecord:
+        """Resolve an expired intent by hand; see :meth:`postonce.Client.resolve`."""
+        thread = await self._store_thread()
+        moved: IntentRecord = await self._drive(
+            self._operator_flow(intent, State(state), note), thread, intent, ""
+        )
+        return moved
+
+    async def cancel(self, intent: str, *, note: str = "") -> IntentRecord:
+        """Cancel an intent never delivered; see :meth:`postonce.Client.cancel`."""
+        return await self.resolve(intent, State.CANCELLED, note=note)
 
     async def _drive(
         self,
@@ -271,6 +331,10 @@ class AsyncClient(BaseClient):
                             value = await self._http.send(effect.request)
                 elif isinstance(effect, Sleep):
                     await anyio.sleep(effect.seconds)
+                elif isinstance(effect, Callback):
+                    value = effect.fn(effect.arg)
+                    if inspect.isawaitable(value):
+                        value = await value
                 else:
                     began = time.perf_counter()
                     ticket = thread.submit(effect.method, effect.kwargs)
@@ -307,6 +371,7 @@ class AsyncClient(BaseClient):
         retry: RetryPolicy | None = None,
         deadline: DeadlineInput = None,
         fingerprint_fields: Sequence[str] | None = None,
+        meta: Any = None,
     ) -> httpx.Response:
         """``await request_once("POST", url, ...)``: the usual case."""
         return await self.request_once(
@@ -324,6 +389,7 @@ class AsyncClient(BaseClient):
             retry=retry,
             deadline=deadline,
             fingerprint_fields=fingerprint_fields,
+            meta=meta,
         )
 
     @with_options
@@ -343,6 +409,7 @@ class AsyncClient(BaseClient):
         retry: RetryPolicy | None = None,
         deadline: DeadlineInput = None,
         fingerprint_fields: Sequence[str] | None = None,
+        meta: Any = None,
     ) -> httpx.Response:
         """``await request_once("PUT", url, ...)``."""
         return await self.request_once(
@@ -360,6 +427,7 @@ class AsyncClient(BaseClient):
             retry=retry,
             deadline=deadline,
             fingerprint_fields=fingerprint_fields,
+            meta=meta,
         )
 
     @with_options
@@ -379,6 +447,7 @@ class AsyncClient(BaseClient):
         retry: RetryPolicy | None = None,
         deadline: DeadlineInput = None,
         fingerprint_fields: Sequence[str] | None = None,
+        meta: Any = None,
     ) -> httpx.Response:
         """``await request_once("PATCH", url, ...)``."""
         return await self.request_once(
@@ -396,6 +465,7 @@ class AsyncClient(BaseClient):
             retry=retry,
             deadline=deadline,
             fingerprint_fields=fingerprint_fields,
+            meta=meta,
         )
 
     @with_options
@@ -415,6 +485,7 @@ class AsyncClient(BaseClient):
         retry: RetryPolicy | None = None,
         deadline: DeadlineInput = None,
         fingerprint_fields: Sequence[str] | None = None,
+        meta: Any = None,
     ) -> httpx.Response:
         """``await request_once("DELETE", url, ...)``."""
         return await self.request_once(
@@ -432,6 +503,7 @@ class AsyncClient(BaseClient):
             retry=retry,
             deadline=deadline,
             fingerprint_fields=fingerprint_fields,
+            meta=meta,
         )
 
     # -- the drain -----------------------------------------------------------
@@ -491,6 +563,10 @@ class AsyncClient(BaseClient):
                     await stop.wait()
                 continue
             if not claimed:
+                try:
+                    await self._drive(self._aftercare(tally), thread, "", "")
+                except OutboxError as exc:
+                    logger.warning("drain: settlements and reconciliation wait: %s", exc)
                 if not forever:
                     break
                 with anyio.move_on_after(interval):

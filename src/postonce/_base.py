@@ -7,6 +7,7 @@ clients differ only in how they perform the flow's effects.
 from __future__ import annotations
 
 import inspect
+import json as jsonlib
 import logging
 import os
 import threading
@@ -19,11 +20,18 @@ from typing import Any, Literal, TypedDict, TypeVar
 import httpx
 
 from ._budget import RetryBudget
-from ._exceptions import ConfigurationError, OutboxError, PostonceError, UnknownProvider
-from ._flow import Effect, Sender, StoreCall, send_claimed
+from ._drain import Tally
+from ._exceptions import (
+    ConfigurationError,
+    InvalidRequest,
+    OutboxError,
+    PostonceError,
+    UnknownProvider,
+)
+from ._flow import Effect, Sender, StoreCall, from_outbox, send_claimed
 from ._heartbeat import Heartbeat
 from ._http import adapt_timeout, library_of
-from ._intent import IntentRecord
+from ._intent import TERMINAL, IntentRecord, State
 from ._lease import new_owner
 from ._observe import Hooks, coroutine_hooks
 from ._outbox.base import NewIntent, Opened, Store
@@ -37,13 +45,24 @@ from ._sender import (
     client_origins,
     sender_identity,
 )
+from ._settle import Settlement, reconcile_flow, settle_flow
 from ._wire import DEFAULT_SECRET_HEADERS, UNSET, HeaderInput, Prepared, parsed_url, prepare
 from .providers import BUILTIN_PROVIDERS, Provider, get_provider, provider_identity, same_provider
 
-__all__ = ["LEASE_MARGIN", "BaseClient", "DeadlineInput", "OnceOptions", "named", "with_options"]
+__all__ = [
+    "LEASE_MARGIN",
+    "WAIT_POLL",
+    "BaseClient",
+    "DeadlineInput",
+    "OnceOptions",
+    "named",
+    "with_options",
+]
 
 #: Seconds a lease must outlast a send's timeout when no heartbeat renews it.
 LEASE_MARGIN = 2.0
+#: Longest ``wait()`` sleeps before it looks again (a missed notification costs this).
+WAIT_POLL = 1.0
 
 logger = logging.getLogger("postonce")
 
@@ -75,6 +94,9 @@ class OnceOptions(TypedDict, total=False):
     - ``deadline``: a ``timedelta`` or an aware ``datetime``; past it the intent is not
       sent again (cancelled if never delivered, else expired).
     - ``fingerprint_fields``: dotted JSON fields that alone make the fingerprint.
+    - ``meta``: your JSON data kept with the intent (at most 8 KiB; never secrets): part of
+      neither the request nor the fingerprint; given back on records, on ``Settlement``
+      and in the CLI. The first call's ``meta`` is kept.
     """
 
     intent: str | None
@@ -89,6 +111,7 @@ class OnceOptions(TypedDict, total=False):
     retry: RetryPolicy | None
     deadline: DeadlineInput
     fingerprint_fields: Sequence[str] | None
+    meta: Any
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -114,6 +137,33 @@ def _deadline(deadline: DeadlineInput, now: float, reference: str | None) -> flo
         return deadline.timestamp()
     raise ConfigurationError(
         "deadline= takes a timedelta or a timezone-aware datetime", intent=reference
+    )
+
+
+#: The most ``meta=`` may hold, as UTF-8 JSON: application data, not a payload.
+META_LIMIT = 8192
+
+
+def encode_meta(meta: Any, intent: str | None) -> str | None:
+    """``meta=`` as the JSON text stored with the intent; InvalidRequest if it cannot be."""
+    if meta is None:
+        return None
+    try:
+        text = jsonlib.dumps(meta, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequest(f"meta= must be JSON-serialisable: {exc}", intent=intent) from exc
+    if len(text.encode()) > META_LIMIT:
+        raise InvalidRequest(
+            f"meta= holds {len(text.encode())} bytes of JSON; at most {META_LIMIT} are kept "
+            "(store a reference to your own record instead)",
+            intent=intent,
+        )
+    return text
+
+
+def _is_coroutine_function(fn: object) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004  # an object with an async __call__
     )
 
 
@@ -157,8 +207,18 @@ class BaseClient:
         name: str | None = None,
         origins: Collection[str] | None = None,
         secret_params: Collection[str] = (),
+        on_settled: Callable[[Settlement], Any] | None = None,
+        reconcile: Callable[[IntentRecord], Any] | None = None,
+        reconcile_every: float = 3600.0,
     ) -> None:
         self.provider = get_provider(provider)
+        #: Called once (at least) per intent this client's sender ends: see ``Settlement``.
+        self.on_settled = on_settled
+        #: Asked by drains about expired intents: a ``Resolution``, or None to leave it.
+        self.reconcile = reconcile
+        if reconcile_every <= 0:
+            raise ConfigurationError("reconcile_every must be positive (seconds)")
+        self.reconcile_every = float(reconcile_every)
         try:
             self._name = None if name is None else check_name(name)
         except ValueError as exc:
@@ -202,7 +262,8 @@ class BaseClient:
         self._owns_store = self._store is None
         self._adopted = False  # intents of no sender taken on (once per store)
         self._open_lock = threading.Lock()
-        self.owner = new_owner()  # host, boot, pid and start time: others can tell it died
+        self._owner = new_owner()  # host, boot, pid and start time: others can tell it died
+        self._owner_pid = os.getpid()
         self._clock: Callable[[], float] = clock if clock is not None else time.time
         self._heartbeat = Heartbeat(
             self.heartbeat or self.lease_seconds, self.lease_seconds, self._clock
@@ -223,6 +284,13 @@ class BaseClient:
                         "function: postonce.Client calls hooks without awaiting them; use a "
                         "plain function, or postonce.AsyncClient, which awaits them"
                     )
+        if not self._awaits_hooks:
+            for role, fn in (("on_settled", on_settled), ("reconcile", reconcile)):
+                if fn is not None and _is_coroutine_function(fn):
+                    raise ConfigurationError(
+                        f"{role}= is a coroutine function: postonce.Client calls it without "
+                        "awaiting it; use a plain function, or postonce.AsyncClient"
+                    )
         #: The client-wide retry budget (None: retries are never held back).
         self.retry_budget: RetryBudget | None = (
             RetryBudget()
@@ -231,6 +299,15 @@ class BaseClient:
             if retry_budget is False
             else retry_budget
         )
+
+    @property
+    def owner(self) -> str:
+        """This process's lease-owner id (made anew in a child forked after the client was)."""
+        if self._owner_pid != os.getpid():
+            # A forked child is another process: with the parent's pid in its owner id,
+            # a claimant would see the parent gone and take the child's live sends.
+            self._owner, self._owner_pid = new_owner(), os.getpid()
+        return self._owner
 
     def _own_http(
         self,
@@ -384,6 +461,7 @@ class BaseClient:
         retry: RetryPolicy | None = None,
         deadline: DeadlineInput = None,
         fingerprint_fields: Sequence[str] | None = None,
+        meta: Any = None,
     ) -> tuple[Prepared, Sender, NewIntent]:
         """Check, encode and fingerprint a call: what to store and how to send it."""
         try:
@@ -424,6 +502,7 @@ class BaseClient:
             deadline_at=_deadline(deadline, self._clock(), prepared.reference),
             sender=self.sender,
             origin=prepared.origin,
+            meta=encode_meta(meta, prepared.reference),
         )
         return prepared, sender, new
 
@@ -456,6 +535,7 @@ class BaseClient:
             hooks=self.hooks,
             retry_budget=self.retry_budget,
             lib=lib,
+            settle_hold=self.lease_seconds if self.on_settled is not None else None,
         )
 
     def _builder(self, secret: tuple[tuple[str, str], ...]) -> Callable[..., httpx.Request]:
@@ -538,6 +618,92 @@ class BaseClient:
                 "a drain needs a client with base_url= (or origins=): it sends only the intents "
                 "addressed to its own origins"
             )
+
+    # -- settlements and reconciliation ----------------------------------------
+
+    def _settle_after_call(self, reference: str) -> Generator[Effect, Any, None]:
+        """After a call: run the handler if the call ended the intent and it is owed.
+
+        An intent this call ended owes a settlement no one has tried yet; one a
+        drain holds, or whose handler already failed (retried with backoff by
+        the drain), is left to the drain.
+        """
+        if self.on_settled is None:
+            return
+        record: IntentRecord | None = yield StoreCall("get", {"reference": reference})
+        if (
+            record is not None
+            and record.settle_due_at is not None
+            and record.settled_at is None
+            and record.settle_attempts == 0
+        ):
+            yield from settle_flow(self.on_settled, record, self._clock, self._lib)
+
+    def _aftercare(self, tally: Tally) -> Generator[Effect, Any, None]:
+        """A drain's pass over what ended: reconcile expired intents, deliver owed settlements."""
+        if self.reconcile is not None:
+            expired: list[IntentRecord] = yield StoreCall(
+                "claim_expired",
+                {
+                    "sender": self.sender,
+                    "now": self._clock(),
+                    "limit": 64,
+                    "every": self.reconcile_every,
+                },
+            )
+            for record in expired:
+                resolved = yield from reconcile_flow(
+                    self.reconcile,
+                    record,
+                    sender=self.sender,
+                    clock=self._clock,
+                    settle_hold=self.lease_seconds if self.on_settled is not None else None,
+                )
+                if resolved is not None:
+                    tally.add("reconciled")
+                    if self.on_settled is not None and (
+                        yield from settle_flow(self.on_settled, resolved, self._clock, self._lib)
+                    ):
+                        tally.add("settled")
+        if self.on_settled is not None:
+            owed: list[IntentRecord] = yield StoreCall(
+                "claim_settlements",
+                {
+                    "sender": self.sender,
+                    "now": self._clock(),
+                    "limit": 64,
+                    "hold": self.lease_seconds,
+                },
+            )
+            for record in owed:
+                if (yield from settle_flow(self.on_settled, record, self._clock, self._lib)):
+                    tally.add("settled")
+
+    def _operator_flow(
+        self, intent: str, to: State, note: str
+    ) -> Generator[Effect, Any, IntentRecord]:
+        """An operator's move made through this client: recorded, then its settlement delivered."""
+        moved: IntentRecord = yield StoreCall(
+            "operator_move",
+            {
+                "reference": intent,
+                "to": to,
+                "now": self._clock(),
+                "note": note,
+                "settle_hold": self.lease_seconds if self.on_settled is not None else None,
+            },
+        )
+        if self.on_settled is not None:
+            yield from settle_flow(self.on_settled, moved, self._clock, self._lib)
+        return moved
+
+    def _settled_answer(self, record: IntentRecord | None, intent: str) -> httpx.Response | None:
+        """An ended intent's final answer (or its terminal error, raised); None if unfinished."""
+        if record is None:
+            raise KeyError(intent)
+        if record.state not in TERMINAL:
+            return None
+        return from_outbox(record, self._lib)
 
     def _census_call(self) -> StoreCall:
         """Count what a drain leaves: others' due intents, and its own that others hold."""

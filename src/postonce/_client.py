@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Generator, Sequence
@@ -9,21 +10,24 @@ from typing import Any, Literal
 
 import httpx
 
-from ._base import BaseClient, DeadlineInput, named, outcome_of, with_options
+from ._base import WAIT_POLL, BaseClient, DeadlineInput, named, outcome_of, with_options
 from ._budget import RetryBudget
 from ._drain import DrainReport, Tally, count_outcome, note_census, run_drain, stop_on_signals
-from ._exceptions import ConfigurationError, OutboxError, PostonceError
-from ._flow import Abandoned, Effect, Send, Sleep, StoreCall, run
-from ._intent import IntentRecord
+from ._exceptions import ConfigurationError, IntentPending, OutboxError, PostonceError
+from ._flow import Abandoned, Callback, Effect, Send, Sleep, StoreCall, run
+from ._intent import IntentRecord, State
 from ._observe import Hooks, SendDetail, sending
 from ._outbox.base import Opened, Store
 from ._outbox.locate import OutboxSpec
 from ._outbox.sqlite import Durability
 from ._policy import RetryPolicy
+from ._settle import Resolution, Settlement
 from ._wire import UNSET, HeaderInput
 from .providers import Provider
 
 __all__ = ["Client"]
+
+logger = logging.getLogger("postonce")
 
 
 class Client(BaseClient):
@@ -71,6 +75,9 @@ class Client(BaseClient):
         name: str | None = None,
         origins: Collection[str] | None = None,
         secret_params: Collection[str] = (),
+        on_settled: Callable[[Settlement], Any] | None = None,
+        reconcile: Callable[[IntentRecord], Resolution | None] | None = None,
+        reconcile_every: float = 3600.0,
         http: httpx.Client | None = None,
         **httpx_options: Any,
     ) -> None:
@@ -88,6 +95,9 @@ class Client(BaseClient):
             name=name,
             origins=origins,
             secret_params=secret_params,
+            on_settled=on_settled,
+            reconcile=reconcile,
+            reconcile_every=reconcile_every,
         )
         self._http: httpx.Client
         self._http, self._owns_http = self._own_http(
@@ -121,6 +131,7 @@ class Client(BaseClient):
         retry: RetryPolicy | None = None,
         deadline: DeadlineInput = None,
         fingerprint_fields: Sequence[str] | None = None,
+        meta: Any = None,
     ) -> httpx.Response:
         """Send ``method url`` once per intent; return the one true answer.
 
@@ -151,15 +162,66 @@ class Client(BaseClient):
             retry=retry,
             deadline=deadline,
             fingerprint_fields=fingerprint_fields,
+            meta=meta,
         )
         try:
             store = self.outbox
         except PostonceError as exc:
             raise named(exc, prepared.reference, prepared.key) from exc
-        response: httpx.Response = self._drive(
-            run(sender, new), store, prepared.reference, prepared.key
-        )
+        try:
+            response: httpx.Response = self._drive(
+                run(sender, new), store, prepared.reference, prepared.key
+            )
+        except PostonceError:
+            self._settle(store, prepared.reference, prepared.key)
+            raise
+        self._settle(store, prepared.reference, prepared.key)
         return response
+
+    def _settle(self, store: Store, reference: str, key: str) -> None:
+        """Deliver the settlement this call owes (if it ended the intent) before returning."""
+        if self.on_settled is None:
+            return
+        try:
+            self._drive(self._settle_after_call(reference), store, reference, key)
+        except OutboxError as exc:
+            # Left owed in the outbox: a drain delivers it. The call's own outcome stands.
+            logger.warning("settlement of %r left to the drain: %s", reference, exc)
+
+    def wait(self, intent: str, *, timeout: float = 30.0) -> httpx.Response:
+        """The final answer of ``intent``, as soon as any process on this outbox ends it.
+
+        Raises the intent's terminal error (``IntentExpired``, ...) as ``post_once``
+        would, ``KeyError`` for an unknown intent, and ``IntentPending`` when
+        ``timeout`` seconds pass first. On PostgreSQL it listens for the outbox's
+        notifications; elsewhere it polls.
+        """
+        store = self.outbox
+        deadline = time.monotonic() + timeout
+        while True:
+            record = store.get(intent)
+            answer = self._settled_answer(record, intent)
+            if answer is not None:
+                return answer
+            assert record is not None
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise IntentPending(
+                    f"not finished after {timeout:g} s", intent=intent, key=record.key
+                )
+            store.wait_change(record.id, min(left, WAIT_POLL))
+
+    def resolve(self, intent: str, state: State, *, note: str = "") -> IntentRecord:
+        """Resolve an expired intent by hand (as ``outbox resolve``); its settlement follows."""
+        store = self.outbox
+        moved: IntentRecord = self._drive(
+            self._operator_flow(intent, State(state), note), store, intent, ""
+        )
+        return moved
+
+    def cancel(self, intent: str, *, note: str = "") -> IntentRecord:
+        """Cancel an intent never delivered (as ``outbox cancel``); its settlement follows."""
+        return self.resolve(intent, State.CANCELLED, note=note)
 
     def _drive(
         self,
@@ -209,6 +271,8 @@ class Client(BaseClient):
                             value = self._http.send(effect.request)
                 elif isinstance(effect, Sleep):
                     time.sleep(effect.seconds)
+                elif isinstance(effect, Callback):
+                    value = effect.fn(effect.arg)
                 else:
                     began = time.perf_counter()
                     value = effect.on(store)
@@ -235,6 +299,7 @@ class Client(BaseClient):
         retry: RetryPolicy | None = None,
         deadline: DeadlineInput = None,
         fingerprint_fields: Sequence[str] | None = None,
+        meta: Any = None,
     ) -> httpx.Response:
         """``request_once("POST", url, ...)``: the usual case."""
         return self.request_once(
@@ -252,6 +317,7 @@ class Client(BaseClient):
             retry=retry,
             deadline=deadline,
             fingerprint_fields=fingerprint_fields,
+            meta=meta,
         )
 
     @with_options
@@ -271,6 +337,7 @@ class Client(BaseClient):
         retry: RetryPolicy | None = None,
         deadline: DeadlineInput = None,
         fingerprint_fields: Sequence[str] | None = None,
+        meta: Any = None,
     ) -> httpx.Response:
         """``request_once("PUT", url, ...)``."""
         return self.request_once(
@@ -288,6 +355,7 @@ class Client(BaseClient):
             retry=retry,
             deadline=deadline,
             fingerprint_fields=fingerprint_fields,
+            meta=meta,
         )
 
     @with_options
@@ -307,6 +375,7 @@ class Client(BaseClient):
         retry: RetryPolicy | None = None,
         deadline: DeadlineInput = None,
         fingerprint_fields: Sequence[str] | None = None,
+        meta: Any = None,
     ) -> httpx.Response:
         """``request_once("PATCH", url, ...)``."""
         return self.request_once(
@@ -324,6 +393,7 @@ class Client(BaseClient):
             retry=retry,
             deadline=deadline,
             fingerprint_fields=fingerprint_fields,
+            meta=meta,
         )
 
     @with_options
@@ -343,6 +413,7 @@ class Client(BaseClient):
         retry: RetryPolicy | None = None,
         deadline: DeadlineInput = None,
         fingerprint_fields: Sequence[str] | None = None,
+        meta: Any = None,
     ) -> httpx.Response:
         """``request_once("DELETE", url, ...)``."""
         return self.request_once(
@@ -360,6 +431,7 @@ class Client(BaseClient):
             retry=retry,
             deadline=deadline,
             fingerprint_fields=fingerprint_fields,
+            meta=meta,
         )
 
     # -- the drain -----------------------------------------------------------
@@ -433,10 +505,18 @@ class Client(BaseClient):
                 concurrency=concurrency,
                 stop=stop,
                 progress=progress,
+                aftercare=lambda: self._aftercare_quietly(store, tally),
             )
         # Counted after the drain, best effort: a drain that could not count still drained.
         census = self._census_call()
         return note_census(report, outcome_of(lambda: census.on(store)), self.sender)
+
+    def _aftercare_quietly(self, store: Store, tally: Tally) -> None:
+        """Reconcile and settle between drain passes; an outbox failure waits for the next."""
+        try:
+            self._drive(self._aftercare(tally), store, "", "")
+        except OutboxError as exc:
+            logger.warning("drain: settlements and reconciliation wait for the next pass: %s", exc)
 
     # -- life cycle ----------------------------------------------------------
 

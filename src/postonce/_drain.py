@@ -56,6 +56,8 @@ class DrainReport(BaseModel):
     pending: int = 0  # left pending with a later due time
     replayed: int = 0  # answers the server marked as replays
     errors: int = 0  # claims that ended in an unexpected error (logged)
+    settled: int = 0  # settlement handler calls that returned
+    reconciled: int = 0  # expired intents the reconciler resolved
     not_ours: int = 0  # due intents of another sender or origin, left alone (counted at the end)
     in_flight_elsewhere: int = 0  # this sender's intents another owner holds a live lease on
     next_lease_expiry: float | None = None  # when the first of those leases runs out
@@ -178,6 +180,7 @@ def run_drain(
     concurrency: int,
     stop: threading.Event,
     progress: Callable[[DrainReport], None] | None = None,
+    aftercare: Callable[[], None] | None = None,
 ) -> DrainReport:
     """Claim and process batches of due intents until none is due (or until stopped).
 
@@ -185,6 +188,7 @@ def run_drain(
     intent and counts its outcome; ``release`` hands back a claim that will not
     be sent (because the drain is stopping). Without ``forever``, only intents
     due when the drain started are taken, so each is sent at most once.
+    ``aftercare`` (reconciliation, settlements) runs whenever nothing is due.
     """
     started = clock()
     began = time.monotonic()
@@ -219,6 +223,8 @@ def run_drain(
             if claimed is None:
                 continue
             if not claimed:
+                if aftercare is not None:
+                    aftercare()
                 if not forever:
                     break
                 stop.wait(interval)

@@ -56,6 +56,7 @@ from .providers import Provider
 
 __all__ = [
     "Abandoned",
+    "Callback",
     "Effect",
     "Send",
     "Sender",
@@ -104,9 +105,6 @@ class Sleep:
     seconds: float
 
 
-Effect = StoreCall | Send | Sleep
-
-
 @dataclass(frozen=True, slots=True)
 class Sender:
     """How this process sends: the profile, the policy, its identity and its secrets."""
@@ -122,6 +120,23 @@ class Sender:
     hooks: tuple[Hooks, ...] = ()
     retry_budget: RetryBudget | None = None  # client-wide; charged by foreground retries
     lib: ModuleType = httpx  # httpx, or httpx2 when the caller's client is httpx2's
+    #: The client runs a settlement handler: an intent it ends owes a settlement,
+    #: held this many seconds by this process before a drain may take it over.
+    settle_hold: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Callback:
+    """Call the application's ``fn(arg)`` (awaited if it is a coroutine); resume with the result.
+
+    A settlement handler or a reconciler: it raises into the flow like any effect.
+    """
+
+    fn: Callable[[Any], Any]
+    arg: Any
+
+
+Effect = StoreCall | Send | Sleep | Callback
 
 
 def _annotate(response: httpx.Response, info: IntentInfo) -> httpx.Response:
@@ -400,7 +415,14 @@ def _gated(
     )
     if stop is not None:
         yield StoreCall(
-            "settle", {"lease": lease, "now": clock(), "state": stop.state, "note": stop.reason}
+            "settle",
+            {
+                "lease": lease,
+                "now": clock(),
+                "state": stop.state,
+                "note": stop.reason,
+                "settle_hold": sender.settle_hold,
+            },
         )
         raise _stop(sender, stop, record)
 
@@ -639,6 +661,7 @@ def _record(
             else None,
             "note": step.reason or None,
             "durable": durable,
+            "settle_hold": sender.settle_hold,
         },
     )
 

@@ -47,7 +47,9 @@ class Heartbeat:
         key = next(self._ids)
         with self._lock:
             self._held[key] = (store, lease)
-            if self._thread is None:
+            # None, or not running: a child forked after a send inherits a Thread
+            # object whose thread did not come along.
+            if self._thread is None or not self._thread.is_alive():
                 self._stop.clear()
                 self._thread = threading.Thread(
                     target=self._run, name="postonce-heartbeat", daemon=True
@@ -88,6 +90,6 @@ class Heartbeat:
         """Stop the thread (held leases are left to expire)."""
         with self._lock:
             thread, self._thread = self._thread, None
-        if thread is not None:
             self._stop.set()
+        if thread is not None and thread.is_alive():
             thread.join()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "TERMINAL",
@@ -144,6 +145,11 @@ class IntentRecord:
     purged_at: float | None = None  # a tombstone: the request and answer were purged
     sender: str | None = None  # who may send it (None: written before senders were kept)
     origin: str | None = None  # scheme://host:port it is addressed to
+    meta: Any = None  # the caller's JSON data (``meta=``): neither request nor fingerprint
+    settle_due_at: float | None = None  # a settlement handler owes a call, from this time
+    settle_attempts: int = 0  # handler calls that raised
+    settle_error: str | None = None  # the last one's error
+    settled_at: float | None = None  # when the handler returned for this intent
 
     @property
     def delivered_maybe(self) -> bool:

@@ -49,15 +49,23 @@ def _read(path: str) -> str:
 
 
 def _start_of(pid: int) -> str | None:
-    """The start time of process ``pid`` (Linux ``/proc``), "" where unknown, None if gone."""
-    stat = _read(f"/proc/{pid}/stat")
+    """The start time of process ``pid`` (Linux ``/proc``); "" where unknown; None if gone.
+
+    Only a missing process is gone: a /proc entry that cannot be read (hidepid,
+    a security module) or a process of another user is alive, start unknown.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        stat = None
+    except OSError:
+        return ""
     if stat:
         # Field 22, counted after the command name (which may hold spaces and parentheses).
         return stat.rsplit(")", 1)[-1].split()[19]
-    if os.path.isdir("/proc/self"):
-        return None  # /proc works here, and has no such process
     try:
-        os.kill(pid, 0)
+        os.kill(pid, 0)  # /proc may hide it (hidepid): ask the kernel
     except ProcessLookupError:
         return None
     except PermissionError:
@@ -93,6 +101,9 @@ def alive(owner: str) -> bool:
     and its pid is free or now names a process started at another time."""
     theirs = Owner.parse(owner)
     me = this_process()
+    if me.pid != os.getpid():  # forked since the cache was filled
+        this_process.cache_clear()
+        me = this_process()
     if theirs is None or (theirs.host, theirs.pidns) != (me.host, me.pidns):
         return True
     if theirs.pid == me.pid:

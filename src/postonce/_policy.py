@@ -132,6 +132,18 @@ def backoff(
     return _tenacity_wait(strategy, attempt)
 
 
+def settle_backoff(failures: int) -> float:
+    """The wait before a settlement handler that raised ``failures`` times is called again.
+
+    Jittered exponential from 1 s, at most 5 minutes (tenacity's strategy); a
+    handler's failure never changes the intent, so there is no horizon here.
+    """
+    if TESTING.on:
+        return 0.0
+    strategy = tenacity.wait_random_exponential(multiplier=1.0, max=300.0)
+    return _tenacity_wait(strategy, failures + 1)
+
+
 def horizon_at(anchor: float, provider: Provider, policy: RetryPolicy) -> float:
     """The last moment a retry may be sent, given the first possibly-delivered send."""
     return anchor + provider.retention.total_seconds() * (1.0 - policy.horizon_margin)

@@ -3,15 +3,15 @@
 A client's credentials belong to its origins (``scheme://host:port``); an
 intent belongs to the origin it is addressed to and to the sender that wrote
 it. A sender's identity is its ``name=``, or by default its provider's name
-and a keyed hash of the credentials it sends with, so two clients that differ
+and a slow (PBKDF2) hash of the credentials it sends with, so two clients that differ
 only in their API keys never send each other's intents. The credentials
 themselves are never stored, in any spelling. Pure functions of their inputs.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
-import hmac
 from collections.abc import Collection, Iterable
 from typing import Any
 from urllib.parse import urlsplit
@@ -34,10 +34,12 @@ DEFAULT_SECRET_PARAMS = frozenset(
     {"api_key", "apikey", "access_token", "token", "client_secret", "key", "signature", "password"}
 )
 
-# The HMAC key of identities. Not a secret: it separates these hashes from any
-# other use of the same credentials; what makes them unguessable is the API
-# key's own entropy, and only 64 bits of the MAC are kept.
-_IDENTITY_KEY = b"postonce sender identity v1"
+# The salt of identities. Not a secret: it separates these hashes from any other
+# use of the same credentials. What keeps a credential from being guessed back
+# from the stored identity is PBKDF2's work factor (a weak Basic-auth password
+# costs a guesser 100,000 HMACs a try) and that only 64 bits are kept.
+_IDENTITY_SALT = b"postonce sender identity v2"
+_IDENTITY_ROUNDS = 100_000
 
 
 def origin_of(url: str) -> str | None:
@@ -121,15 +123,26 @@ def auth_material(auth: Any) -> list[tuple[str, str]]:
 def sender_identity(
     name: str | None, provider: str, credentials: Collection[tuple[str, str]]
 ) -> str:
-    """The identity an intent is stored under: ``name``, or ``provider#<keyed hash>``.
+    """The identity an intent is stored under: ``name``, or ``provider#<slow hash>``.
 
     ``credentials`` are ``(name, value)`` pairs (secret headers, secret query
-    parameters, auth material); only a 64-bit HMAC of them is kept, never
-    the values. The same credentials give the same identity in every process.
+    parameters, auth material); only 64 bits of a PBKDF2 of them are kept,
+    never the values. The same credentials give the same identity in every process.
     """
     if name is not None:
         return name
-    mac = hmac.new(_IDENTITY_KEY, provider.encode(), hashlib.sha256)
-    for key, value in sorted((k.lower(), v) for k, v in credentials):
-        mac.update(b"\x00" + key.encode() + b"\x01" + value.encode("utf-8", "surrogateescape"))
-    return f"{provider}#{mac.hexdigest()[:16]}"
+    return _derived(provider, tuple(sorted((k.lower(), v) for k, v in credentials)))
+
+
+@functools.lru_cache(maxsize=64)
+def _derived(provider: str, credentials: tuple[tuple[str, str], ...]) -> str:
+    if not credentials:  # nothing to hide: no work factor needed
+        return f"{provider}#{hashlib.sha256(_IDENTITY_SALT + provider.encode()).hexdigest()[:16]}"
+    material = b"".join(
+        b"\x00" + key.encode() + b"\x01" + value.encode("utf-8", "surrogateescape")
+        for key, value in credentials
+    )
+    digest = hashlib.pbkdf2_hmac(
+        "sha256", provider.encode() + material, _IDENTITY_SALT, _IDENTITY_ROUNDS
+    )
+    return f"{provider}#{digest.hex()[:16]}"

@@ -126,7 +126,7 @@ class Provider(BaseModel):
     #: A header saying ``true``/``false`` whether to retry, which overrides the status table.
     retry_hint_header: str | None = None
     #: Request headers that carry this provider's credentials besides ``Authorization``
-    #: (which is always secret): never stored, compared only as a keyed hash for the
+    #: (which is always secret): never stored, compared only as a slow hash for the
     #: sender identity, supplied again by whoever sends.
     credential_headers: frozenset[str] = frozenset()
     sources: tuple[str, ...] = ()

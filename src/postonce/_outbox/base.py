@@ -41,6 +41,8 @@ class NewIntent:
     sender: str | None = None
     #: ``scheme://host:port`` the request is addressed to.
     origin: str | None = None
+    #: The caller's JSON data, as text (``meta=``): stored, never sent or fingerprinted.
+    meta: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +112,7 @@ class Store(Protocol):
         response: StoredResponse | None,
         note: str | None,
         durable: bool,
+        settle_hold: float | None = None,
     ) -> bool: ...
 
     def renew(self, lease: Lease, *, now: float, until: float) -> Lease | None: ...
@@ -118,7 +121,29 @@ class Store(Protocol):
         self, lease: Lease, *, now: float, due_at: float | None, anchor: float | None
     ) -> bool: ...
 
-    def settle(self, lease: Lease, *, now: float, state: State, note: str) -> bool: ...
+    def settle(
+        self,
+        lease: Lease,
+        *,
+        now: float,
+        state: State,
+        note: str,
+        settle_hold: float | None = None,
+    ) -> bool: ...
+
+    def claim_settlements(
+        self, *, sender: str, now: float, limit: int, hold: float
+    ) -> list[IntentRecord]: ...
+
+    def settlement_done(self, *, intent_id: int, now: float) -> bool: ...
+
+    def settlement_failed(self, *, intent_id: int, error: str, retry_at: float) -> bool: ...
+
+    def claim_expired(
+        self, *, sender: str, now: float, limit: int, every: float
+    ) -> list[IntentRecord]: ...
+
+    def wait_change(self, intent_id: int, timeout: float) -> None: ...
 
     def claim_due(
         self,
@@ -150,7 +175,13 @@ class Store(Protocol):
     def stats(self, *, now: float) -> dict[str, Any]: ...
 
     def operator_move(
-        self, reference: str, to: State, *, now: float, note: str
+        self,
+        reference: str,
+        to: State,
+        *,
+        now: float,
+        note: str,
+        settle_hold: float | None = None,
     ) -> IntentRecord: ...
 
     def purge(self, *, before: float, tombstones: bool, now: float) -> int: ...

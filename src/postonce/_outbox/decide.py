@@ -33,12 +33,16 @@ __all__ = [
     "insert_row",
     "lease_free",
     "moved",
+    "owed",
     "purged",
+    "reconcile_taken",
     "recorded",
     "released",
-    "renewed",
     "reopened",
     "settled",
+    "settlement_done",
+    "settlement_failed",
+    "settlement_taken",
     "stats_report",
     "taken",
 ]
@@ -77,6 +81,7 @@ def insert_row(new: NewIntent, lease: Lease, now: float) -> Changes:
         "claim_token": lease.token,
         "sender": new.sender,
         "origin": new.origin,
+        "meta": new.meta,
     }
 
 
@@ -105,6 +110,7 @@ def created(new: NewIntent, intent_id: int, lease: Lease, now: float) -> Opened:
         note=None,
         sender=new.sender,
         origin=new.origin,
+        meta=json.loads(new.meta) if new.meta else None,
     )
     return Opened(
         record,
@@ -246,12 +252,13 @@ def recorded(
     lease_until: float | None,
     response: StoredResponse | None,
     note: str | None,
+    settle_hold: float | None = None,
 ) -> Changes:
     """The columns one recorded attempt sets (the attempt count is raised by one besides).
 
     ``lease_until`` keeps the lease for the next attempt; None hands it back.
     A note or a response is written only when given: an attempt without one
-    keeps what the row had.
+    keeps what the row had. ``settle_hold``: see :func:`owed`.
     """
     keep = lease_until is not None
     changes: Changes = {
@@ -266,6 +273,7 @@ def recorded(
     }
     if note is not None:
         changes["note"] = note
+    changes.update(owed(state, attempt.started_at + attempt.duration, settle_hold))
     if response is not None:
         changes.update(
             response_status=response.status,
@@ -292,11 +300,6 @@ def attempt_row(lease: Lease, number: int, attempt: AttemptRecord) -> Changes:
     }
 
 
-def renewed(now: float, until: float) -> Changes:
-    """A held lease extended to ``until``."""
-    return {"lease_expires_at": until, "updated_at": now}
-
-
 def released(now: float, due_at: float | None, anchor: float | None) -> Changes:
     """An unsent claim handed back: pending, due at ``due_at`` (default now).
 
@@ -314,7 +317,20 @@ def released(now: float, due_at: float | None, anchor: float | None) -> Changes:
     }
 
 
-def settled(now: float, state: State, note: str) -> Changes:
+def owed(state: State, now: float, settle_hold: float | None) -> Changes:
+    """A settlement owed when an intent ends, held ``settle_hold`` s by whoever ended it.
+
+    ``None``: the client that ended it runs no settlement handler, so none is
+    owed. Otherwise ``settle_due_at`` is set in the same commit as the terminal
+    state: the process that ended it calls its handler at once, and a drain
+    takes the settlement over only after the hold (the process died between).
+    """
+    if settle_hold is None or state not in TERMINAL:
+        return {}
+    return {"settle_due_at": now + settle_hold, "settled_at": None}
+
+
+def settled(now: float, state: State, note: str, settle_hold: float | None = None) -> Changes:
     """A terminal move without a send (expired, cancelled, resolved): no lease, nothing due."""
     return {
         "state": state.value,
@@ -324,16 +340,46 @@ def settled(now: float, state: State, note: str) -> Changes:
         "lease_expires_at": None,
         "claim_token": None,
         "updated_at": now,
+        **owed(state, now, settle_hold),
     }
 
 
-def moved(record: IntentRecord, to: State, now: float, note: str) -> tuple[IntentRecord, Changes]:
+def moved(
+    record: IntentRecord, to: State, now: float, note: str, settle_hold: float | None = None
+) -> tuple[IntentRecord, Changes]:
     """An operator's cancel or resolve, checked by the life-cycle rules (raises IllegalMove)."""
     operator_move(record, to, now)
+    changes = settled(now, to, note, settle_hold)
     after = dataclasses.replace(
-        record, state=to, note=note, due_at=None, lease_owner=None, lease_expires_at=None
+        record,
+        state=to,
+        note=note,
+        due_at=None,
+        lease_owner=None,
+        lease_expires_at=None,
+        settle_due_at=changes.get("settle_due_at", record.settle_due_at),
     )
-    return after, settled(now, to, note)
+    return after, changes
+
+
+def settlement_taken(now: float, hold: float) -> Changes:
+    """A drain takes an owed settlement: no one else for ``hold`` seconds."""
+    return {"settle_due_at": now + hold}
+
+
+def settlement_done(now: float) -> Changes:
+    """The handler returned: the settlement is delivered."""
+    return {"settled_at": now, "settle_due_at": None, "settle_error": None}
+
+
+def settlement_failed(error: str, retry_at: float) -> Changes:
+    """The handler raised: try again at ``retry_at`` (the attempt count is raised besides)."""
+    return {"settle_error": error[:1000], "settle_due_at": retry_at}
+
+
+def reconcile_taken(now: float, every: float) -> Changes:
+    """A drain asks about an expired intent: no one asks again for ``every`` seconds."""
+    return {"reconcile_at": now + every}
 
 
 def purged(now: float) -> Changes:

@@ -104,6 +104,15 @@ class MemoryOutbox(StoreBase):
             self._change(lease.intent_id, changes)
             return True
 
+    def _extend(self, lease: Lease, now: float, until: float) -> float | None:
+        with self._write():
+            row = self._owned(lease)
+            if row is None:
+                return None
+            expires = max(float(row.get("lease_expires_at") or 0.0), until)
+            self._change(lease.intent_id, {"lease_expires_at": expires, "updated_at": now})
+            return expires
+
     def _record(
         self, lease: Lease, attempt: AttemptRecord, changes: decide.Changes, *, durable: bool
     ) -> bool:
@@ -115,6 +124,40 @@ class MemoryOutbox(StoreBase):
             self._change(lease.intent_id, {**changes, "attempts": number})
             logged = decide.attempt_row(lease, number, attempt)
             self._attempts[lease.intent_id] += (logged,)
+            return True
+
+    def _take_rows(
+        self, kind: str, *, sender: str, now: float, limit: int, changes: decide.Changes
+    ) -> list[IntentRecord]:
+        with self._write():
+            if kind == "settle":
+                rows = [
+                    r
+                    for r in self._rows.values()
+                    if r["sender"] == sender and (r.get("settle_due_at") or now + 1) <= now
+                ]
+                rows.sort(key=lambda r: (r["settle_due_at"], r["id"]))
+            else:
+                rows = [
+                    r
+                    for r in self._rows.values()
+                    if r["state"] == State.EXPIRED.value
+                    and r["sender"] == sender
+                    and (r.get("reconcile_at") is None or r["reconcile_at"] <= now)
+                ]
+                rows.sort(key=lambda r: int(r["id"]))
+            taken = [_decode(r) for r in rows[:limit]]
+            for record in taken:
+                self._change(record.id, changes)
+        return taken
+
+    def _change_row(self, intent_id: int, changes: decide.Changes, *, bump: str | None) -> bool:
+        with self._write():
+            row = self._rows.get(intent_id)
+            if row is None:
+                return False
+            extra = {bump: int(row.get(bump) or 0) + 1} if bump is not None else {}
+            self._change(intent_id, {**changes, **extra})
             return True
 
     def _token(self) -> str:
@@ -299,13 +342,22 @@ class MemoryOutbox(StoreBase):
             lease_expiry=min(live, default=None),
         )
 
-    def operator_move(self, reference: str, to: State, *, now: float, note: str) -> IntentRecord:
+    def operator_move(
+        self,
+        reference: str,
+        to: State,
+        *,
+        now: float,
+        note: str,
+        settle_hold: float | None = None,
+    ) -> IntentRecord:
         """An operator's cancel or resolve, checked by the life-cycle rules, atomically."""
         with self._write():
             found = self._by_reference.get(reference)
             if found is None:
                 raise KeyError(reference)
-            after, changes = decide.moved(_decode(self._rows[found]), to, now, note)
+            record = _decode(self._rows[found])
+            after, changes = decide.moved(record, to, now, note, settle_hold)
             self._change(found, changes)
             return after
 

@@ -31,6 +31,7 @@ from psycopg import sql
 
 from .._engine import CLOCK_TOLERANCE
 from .._exceptions import ConfigurationError, IntentConflict, OutboxError
+from .._intent import TERMINAL
 from .rows import COLUMN_NAMES, needs_durable, newer_schema
 from .sql import SQLStore
 from .sqlite import Durability
@@ -38,6 +39,7 @@ from .store import Mine
 
 __all__ = ["MIGRATIONS", "PostgresStore", "migrations"]
 
+TERMINAL_VALUES = frozenset(state.value for state in TERMINAL)
 _MIGRATION_LOCK = 0x706F73746F6E6365  # "postonce": one migrator at a time, per database
 
 
@@ -60,6 +62,8 @@ class PostgresStore(SQLStore):
 
     placeholder = "%s"
     lock_row = " FOR UPDATE"
+    skip_locked = " FOR UPDATE SKIP LOCKED"
+    greatest = "GREATEST"
     no_limit = None
     integrity_errors = (psycopg.IntegrityError,)
 
@@ -255,6 +259,9 @@ class PostgresStore(SQLStore):
         # Leases of owners known gone are due now, though not run out.
         dead, owners = self._dead(mine)
         dead_i = dead.replace("lease_owner", "i.lease_owner")
+        # The same sender/origin filter under the lock: an adopt() may have moved a
+        # candidate to another sender since it was read.
+        only_i = only.replace("sender", "i.sender").replace("origin", "i.origin")
         candidates = [
             row[0]
             for row in conn.execute(
@@ -295,14 +302,35 @@ class PostgresStore(SQLStore):
                 "  WHEN 'pending' THEN i.due_at <= ? OR i.updated_at > ?"
                 f"  WHEN 'sending' THEN i.lease_expires_at <= ?{dead_i}"
                 "  ELSE false END"
+                f"{only_i}"
                 # When each became due: a pending due time, a sending lease expiry.
                 " ORDER BY CASE WHEN i.state = 'sending' THEN i.lease_expires_at"
                 " ELSE i.due_at END, i.id LIMIT ?"
                 " FOR UPDATE OF i SKIP LOCKED"
             ),
-            (candidates, due_by, now + CLOCK_TOLERANCE, due_by, *owners, limit),
+            (candidates, due_by, now + CLOCK_TOLERANCE, due_by, *owners, *params, limit),
         ).fetchall()
         return rows
+
+    @property
+    def _channel(self) -> str:
+        """The LISTEN/NOTIFY channel of this outbox: one per schema."""
+        return f"postonce_{self.schema}"[:63]
+
+    def _ended(self, conn: psycopg.Connection[Any], intent_id: int, changes: Any) -> None:
+        # NOTIFY is transactional: waiters hear of it once the terminal state is committed.
+        if changes.get("state") in TERMINAL_VALUES:
+            conn.execute("SELECT pg_notify(%s, %s)", (self._channel, str(intent_id)))
+
+    def wait_change(self, intent_id: int, timeout: float) -> None:
+        """Block until this outbox reports an intent ended (LISTEN), or ``timeout`` passes."""
+        try:
+            with psycopg.connect(self.url, autocommit=True) as conn:
+                conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
+                for _ in conn.notifies(timeout=max(0.0, timeout), stop_after=1):
+                    break
+        except psycopg.Error as exc:
+            raise OutboxError(f"PostgreSQL outbox at {self._where} failed: {exc}") from exc
 
     def close(self) -> None:
         self._pool.close()

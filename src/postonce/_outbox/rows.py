@@ -59,6 +59,11 @@ COLUMN_NAMES = (
     "purged_at",
     "sender",
     "origin",
+    "meta",
+    "settle_due_at",
+    "settle_attempts",
+    "settle_error",
+    "settled_at",
 )
 COLUMNS = ", ".join(COLUMN_NAMES)
 # Headers that describe the stored bytes' transport, not the answer itself.
@@ -118,6 +123,11 @@ def decode_row(row: tuple[Any, ...]) -> IntentRecord:
         purged_at,
         sender,
         origin,
+        meta,
+        settle_due_at,
+        settle_attempts,
+        settle_error,
+        settled_at,
     ) = row
     response = None
     if r_status is not None:
@@ -152,6 +162,11 @@ def decode_row(row: tuple[Any, ...]) -> IntentRecord:
         purged_at=_time(purged_at),
         sender=sender,
         origin=origin,
+        meta=json.loads(meta) if meta else None,
+        settle_due_at=_time(settle_due_at),
+        settle_attempts=int(settle_attempts or 0),
+        settle_error=settle_error,
+        settled_at=_time(settled_at),
     )
 
 
@@ -195,6 +210,10 @@ def export_rows(store: Store) -> Iterator[dict[str, Any]]:
             "provider": record.provider,
             "sender": record.sender,
             "origin": record.origin,
+            "meta": record.meta,
+            "settle_due_at": record.settle_due_at,
+            "settled_at": record.settled_at,
+            "settle_error": record.settle_error,
             "state": record.state.value,
             "method": record.method,
             "url": record.url,

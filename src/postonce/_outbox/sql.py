@@ -42,6 +42,10 @@ class SQLStore(StoreBase):
     lock_row: ClassVar[str] = ""
     #: The LIMIT value that means "all rows".
     no_limit: ClassVar[int | None] = -1
+    #: The dialect's two-argument maximum.
+    greatest: ClassVar[str] = "max"
+    #: Appended to a SELECT of rows to take, where other claimants skip them.
+    skip_locked: ClassVar[str] = ""
     #: The driver's unique-violation errors (an INSERT racing another).
     integrity_errors: ClassVar[tuple[type[Exception], ...]] = ()
 
@@ -165,7 +169,55 @@ class SQLStore(StoreBase):
     def _fenced(self, lease: Lease, changes: decide.Changes, *, durable: bool) -> bool:
         """One change to a leased intent, accepted only while the lease's token owns it."""
         with self._write(durable=durable) as conn:
-            return self._update(conn, lease.intent_id, changes, token=lease.token) == 1
+            changed = self._update(conn, lease.intent_id, changes, token=lease.token) == 1
+            if changed:
+                self._ended(conn, lease.intent_id, changes)
+            return changed
+
+    def _extend(self, lease: Lease, now: float, until: float) -> float | None:
+        with self._write(durable=False) as conn:
+            row = self._run(
+                conn,
+                f"UPDATE {{intents}} SET lease_expires_at = {self.greatest}(lease_expires_at, ?),"
+                " updated_at = ? WHERE id = ? AND claim_token = ? RETURNING lease_expires_at",
+                (until, now, lease.intent_id, lease.token),
+            ).fetchone()
+        return None if row is None else float(row[0])
+
+    def _ended(self, conn: Any, intent_id: int, changes: decide.Changes) -> None:
+        """Tell waiters (``Client.wait``) that an intent reached a terminal state.
+
+        A no-op where waiters poll; PostgreSQL sends a NOTIFY, delivered on commit.
+        """
+
+    _TAKE: ClassVar[dict[str, str]] = {
+        "settle": "sender = ? AND settle_due_at <= ? ORDER BY settle_due_at, id",
+        "expired": (
+            "state = 'expired' AND sender = ? AND (reconcile_at IS NULL OR reconcile_at <= ?)"
+            " ORDER BY id"
+        ),
+    }
+
+    def _take_rows(
+        self, kind: str, *, sender: str, now: float, limit: int, changes: decide.Changes
+    ) -> list[IntentRecord]:
+        with self._write(durable=False) as conn:
+            rows = self._run(
+                conn,
+                f"SELECT {COLUMNS} FROM {{intents}} WHERE {self._TAKE[kind]} LIMIT ?"
+                f"{self.skip_locked}",
+                (sender, now, limit),
+            ).fetchall()
+            records = [decode_row(row) for row in rows]
+            for record in records:
+                self._update(conn, record.id, changes)
+        return records
+
+    def _change_row(self, intent_id: int, changes: decide.Changes, *, bump: str | None) -> bool:
+        extra = f", {bump} = {bump} + 1" if bump is not None else ""
+        query = self._shaped(f"UPDATE {{intents}} SET {{sets}}{extra} WHERE id = ?", tuple(changes))
+        with self._write(durable=False) as conn:
+            return int(conn.execute(query, (*changes.values(), intent_id)).rowcount) == 1
 
     def _by_reference(self, conn: Any, reference: str) -> IntentRecord | None:
         """The intent stored under ``reference``, locked for this transaction's change."""
@@ -225,6 +277,7 @@ class SQLStore(StoreBase):
             ).fetchone()
             if numbered is None:
                 return False
+            self._ended(conn, lease.intent_id, changes)
             row = decide.attempt_row(lease, int(numbered[0]), attempt)
             insert = self._shaped("INSERT INTO {attempts} ({cols}) VALUES ({marks})", tuple(row))
             conn.execute(insert, tuple(row.values()))
@@ -342,14 +395,23 @@ class SQLStore(StoreBase):
             lease_expiry=expiry,
         )
 
-    def operator_move(self, reference: str, to: State, *, now: float, note: str) -> IntentRecord:
+    def operator_move(
+        self,
+        reference: str,
+        to: State,
+        *,
+        now: float,
+        note: str,
+        settle_hold: float | None = None,
+    ) -> IntentRecord:
         """An operator's cancel or resolve, checked by the life-cycle rules, atomically."""
         with self._write(durable=True) as conn:
             record = self._by_reference(conn, reference)
             if record is None:
                 raise KeyError(reference)
-            after, changes = decide.moved(record, to, now, note)
+            after, changes = decide.moved(record, to, now, note, settle_hold)
             self._update(conn, record.id, changes)
+            self._ended(conn, record.id, changes)
         return after
 
     def purge(self, *, before: float, tombstones: bool, now: float) -> int:

@@ -137,8 +137,33 @@ def _v2(db: sqlite_utils.Database) -> None:
     db.execute("CREATE INDEX intents_unowned ON intents (id) WHERE sender IS NULL")
 
 
+def _v3(db: sqlite_utils.Database) -> None:
+    """Outcomes reach the application: ``meta``, settlements owed and delivered, reconciling.
+
+    ``settle_due_at`` is set while a settlement handler owes a call (from when);
+    ``settled_at`` once it returned. ``reconcile_at`` is when a drain may next
+    ask the reconciler about an expired intent.
+    """
+    for column in (
+        "meta TEXT",
+        "settle_due_at REAL",
+        "settle_attempts INTEGER NOT NULL DEFAULT 0",
+        "settle_error TEXT",
+        "settled_at REAL",
+        "reconcile_at REAL",
+    ):
+        db.execute(f"ALTER TABLE intents ADD COLUMN {column}")
+    db.execute(
+        "CREATE INDEX intents_settle ON intents (sender, settle_due_at)"
+        " WHERE settle_due_at IS NOT NULL"
+    )
+    db.execute(
+        "CREATE INDEX intents_expired ON intents (sender, reconcile_at) WHERE state = 'expired'"
+    )
+
+
 #: MIGRATIONS[n] takes a database at schema version n to n + 1.
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2]
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
@@ -74,6 +75,20 @@ class StoreBase(ABC):
         """Write each row's changes while its sender is still ``previous``; count the rows."""
 
     @abstractmethod
+    def _take_rows(
+        self, kind: str, *, sender: str, now: float, limit: int, changes: decide.Changes
+    ) -> list[IntentRecord]:
+        """Write ``changes`` on up to ``limit`` rows of ``sender`` in one transaction; say which.
+
+        ``kind`` ``"settle"``: rows whose settlement is owed by ``now``, oldest
+        first; ``"expired"``: expired rows the reconciler may be asked about now.
+        """
+
+    @abstractmethod
+    def _change_row(self, intent_id: int, changes: decide.Changes, *, bump: str | None) -> bool:
+        """Write ``changes`` to one row (and add one to column ``bump``); False if it is gone."""
+
+    @abstractmethod
     def _fenced(self, lease: Lease, changes: decide.Changes, *, durable: bool) -> bool:
         """Write ``changes`` to the leased intent only while ``lease.token`` owns it."""
 
@@ -95,8 +110,12 @@ class StoreBase(ABC):
         response: StoredResponse | None,
         note: str | None,
         durable: bool,
+        settle_hold: float | None = None,
     ) -> bool:
-        """One attempt and the state it leads to, accepted only while the lease owns the row."""
+        """One attempt and the state it leads to, accepted only while the lease owns the row.
+
+        ``settle_hold``: the recorder runs a settlement handler (see ``decide.owed``).
+        """
         changes = decide.recorded(
             lease,
             attempt,
@@ -106,6 +125,7 @@ class StoreBase(ABC):
             lease_until=lease_until,
             response=response,
             note=note,
+            settle_hold=settle_hold,
         )
         return self._record(lease, attempt, changes, durable=durable)
 
@@ -158,10 +178,19 @@ class StoreBase(ABC):
         changes = decide.adoptions(found, sender, frozenset(origins))
         return self._assign(changes, previous) if changes else 0
 
+    @abstractmethod
+    def _extend(self, lease: Lease, now: float, until: float) -> float | None:
+        """Extend the lease to ``until`` unless it already runs longer; the expiry, or None.
+
+        Never shortens it: a heartbeat's renewal that lands after a retry's record
+        (which set a longer lease for the sleep) must not cut that lease short.
+        """
+
     def renew(self, lease: Lease, *, now: float, until: float) -> Lease | None:
-        if not self._fenced(lease, decide.renewed(now, until), durable=False):
+        expires = self._extend(lease, now, until)
+        if expires is None:
             return None
-        return Lease(lease.intent_id, lease.token, lease.owner, until)
+        return Lease(lease.intent_id, lease.token, lease.owner, expires)
 
     def release(
         self, lease: Lease, *, now: float, due_at: float | None, anchor: float | None
@@ -169,8 +198,46 @@ class StoreBase(ABC):
         """Hand an unsent claim back: pending, due at ``due_at`` (default now)."""
         return self._fenced(lease, decide.released(now, due_at, anchor), durable=False)
 
-    def settle(self, lease: Lease, *, now: float, state: State, note: str) -> bool:
-        return self._fenced(lease, decide.settled(now, state, note), durable=True)
+    def settle(
+        self,
+        lease: Lease,
+        *,
+        now: float,
+        state: State,
+        note: str,
+        settle_hold: float | None = None,
+    ) -> bool:
+        changes = decide.settled(now, state, note, settle_hold)
+        return self._fenced(lease, changes, durable=True)
+
+    def claim_settlements(
+        self, *, sender: str, now: float, limit: int, hold: float
+    ) -> list[IntentRecord]:
+        """Take up to ``limit`` settlements owed by ``now`` for ``hold`` seconds (at least once)."""
+        taken = decide.settlement_taken(now, hold)
+        return self._take_rows("settle", sender=sender, now=now, limit=limit, changes=taken)
+
+    def settlement_done(self, *, intent_id: int, now: float) -> bool:
+        return self._change_row(intent_id, decide.settlement_done(now), bump=None)
+
+    def settlement_failed(self, *, intent_id: int, error: str, retry_at: float) -> bool:
+        changes = decide.settlement_failed(error, retry_at)
+        return self._change_row(intent_id, changes, bump="settle_attempts")
+
+    def claim_expired(
+        self, *, sender: str, now: float, limit: int, every: float
+    ) -> list[IntentRecord]:
+        """Take up to ``limit`` expired intents to ask the reconciler about (once per ``every``)."""
+        taken = decide.reconcile_taken(now, every)
+        return self._take_rows("expired", sender=sender, now=now, limit=limit, changes=taken)
+
+    def wait_change(self, intent_id: int, timeout: float) -> None:
+        """Block until the intent may have changed, or ``timeout`` passes.
+
+        Here: a short sleep, for a caller that polls (20 reads a second at most).
+        PostgreSQL overrides it with LISTEN.
+        """
+        time.sleep(min(max(0.0, timeout), 0.05))
 
     def export_rows(self) -> Iterator[dict[str, Any]]:
         """Every intent with its attempts, as plain data."""
