@@ -398,8 +398,10 @@ class IntentMachine(RuleBasedStateMachine):
                         self._violation(f"asked to sleep {effect.seconds}s")
                     self.clock.advance(max(0.0, effect.seconds) + self.stall)
                     self.stall = 0.0
-                else:
-                    value = getattr(self.store, effect.method)(**effect.kwargs)
+                elif isinstance(effect, StoreCall):
+                    value = effect.on(self.store)
+                else:  # a Callback: this client runs no handlers
+                    self._violation(f"a callback no handler asked for: {effect!r}")
             except Exception as exc:
                 error = exc
             if isinstance(effect, StoreCall):
