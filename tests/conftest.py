@@ -211,6 +211,15 @@ class AsyncDriven:
     def adopt(self, previous: str) -> int:
         return self.client.adopt(previous)
 
+    def wait(self, intent: str, **kwargs: Any) -> httpx.Response:
+        return self._run(self.client.wait(intent, **kwargs))
+
+    def resolve(self, intent: str, state: postonce.State, **kwargs: Any) -> postonce.IntentRecord:
+        return self._run(self.client.resolve(intent, state, **kwargs))
+
+    def cancel(self, intent: str, **kwargs: Any) -> postonce.IntentRecord:
+        return self._run(self.client.cancel(intent, **kwargs))
+
     def close(self) -> None:
         if self._thread.is_alive():
             self._run(self.client.aclose())

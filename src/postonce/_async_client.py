@@ -542,7 +542,7 @@ class AsyncClient(BaseClient):
                     return
                 try:
                     outcome: object = await self._drive(
-                        self._drain_flow(opened),
+                        self._drain_flow(opened, tally),
                         thread,
                         record.reference,
                         record.key,

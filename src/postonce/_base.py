@@ -556,8 +556,14 @@ class BaseClient:
 
         return build
 
-    def _drain_flow(self, opened: Opened) -> Generator[Effect, Any, httpx.Response]:
-        """The flow that sends one intent a drain claimed: once, with its stored key."""
+    def _drain_flow(
+        self, opened: Opened, tally: Tally | None = None
+    ) -> Generator[Effect, Any, httpx.Response]:
+        """The flow that sends one intent a drain claimed: once, with its stored key.
+
+        If the send ends the intent, the drain is the process that ended it: it
+        delivers the settlement at once (counted in ``tally``).
+        """
         record = opened.record
         assert opened.lease is not None
         try:
@@ -571,8 +577,8 @@ class BaseClient:
             )
             yield from self._release_flow(opened)
             raise
-        return (
-            yield from send_claimed(
+        try:
+            response: httpx.Response = yield from send_claimed(
                 self._sender(provider),
                 record,
                 opened.lease,
@@ -580,7 +586,13 @@ class BaseClient:
                 ends_at=None,
                 foreground=False,
             )
-        )
+        except PostonceError:
+            if (yield from self._settle_after_call(record.reference)) and tally is not None:
+                tally.add("settled")
+            raise
+        if (yield from self._settle_after_call(record.reference)) and tally is not None:
+            tally.add("settled")
+        return response
 
     def _release_flow(self, opened: Opened) -> Generator[Effect, Any, None]:
         """Hand back a claim the drain will not send (it is stopping)."""
@@ -621,7 +633,7 @@ class BaseClient:
 
     # -- settlements and reconciliation ----------------------------------------
 
-    def _settle_after_call(self, reference: str) -> Generator[Effect, Any, None]:
+    def _settle_after_call(self, reference: str) -> Generator[Effect, Any, bool]:
         """After a call: run the handler if the call ended the intent and it is owed.
 
         An intent this call ended owes a settlement no one has tried yet; one a
@@ -629,15 +641,16 @@ class BaseClient:
         the drain), is left to the drain.
         """
         if self.on_settled is None:
-            return
+            return False
         record: IntentRecord | None = yield StoreCall("get", {"reference": reference})
         if (
-            record is not None
-            and record.settle_due_at is not None
-            and record.settled_at is None
-            and record.settle_attempts == 0
+            record is None
+            or record.settle_due_at is None
+            or record.settled_at is not None
+            or record.settle_attempts > 0
         ):
-            yield from settle_flow(self.on_settled, record, self._clock, self._lib)
+            return False
+        return (yield from settle_flow(self.on_settled, record, self._clock, self._lib))
 
     def _aftercare(self, tally: Tally) -> Generator[Effect, Any, None]:
         """A drain's pass over what ended: reconcile expired intents, deliver owed settlements."""

@@ -480,7 +480,7 @@ class Client(BaseClient):
             record = opened.record
             try:
                 outcome: object = self._drive(
-                    self._drain_flow(opened),
+                    self._drain_flow(opened, tally),
                     store,
                     record.reference,
                     record.key,

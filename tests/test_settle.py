@@ -1,0 +1,271 @@
+"""Outcomes reach the application: meta=, settlement handlers, wait(), reconciliation.
+
+Every test runs on SQLite, PostgreSQL and the memory outbox, with Client and
+AsyncClient (the ``make_client`` fixture), against the real loopback server
+where a real answer matters.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import postonce
+from postonce import Resolution, Settlement, State
+from tests.conftest import FAST, ClientFactory, LoopbackServer
+
+ONE = FAST.model_copy(update={"attempts": 1})
+SHORT = postonce.Provider(name="short", retention=timedelta(seconds=0.3))
+
+
+class Ledger:
+    """A settlement handler that records every call (the application's own side)."""
+
+    def __init__(self, fail: int = 0) -> None:
+        self.calls: list[Settlement] = []
+        self.fail = fail
+
+    def __call__(self, settlement: Settlement) -> None:
+        self.calls.append(settlement)
+        if self.fail:
+            self.fail -= 1
+            raise RuntimeError("the orders database is down")
+
+    def states(self) -> list[tuple[str, State]]:
+        return [(s.intent, s.state) for s in self.calls]
+
+
+def test_meta_is_kept_returned_and_not_part_of_the_request(
+    server: LoopbackServer, make_client: ClientFactory
+) -> None:
+    """meta= is stored with the intent, given back, never sent, never fingerprinted."""
+    client = make_client(server.base_url)
+    body = {"amount": 1}
+    first = client.post_once("/ietf/v1/charges", json=body, intent="m-1", meta={"order": "N1"})
+    again = client.post_once("/ietf/v1/charges", json=body, intent="m-1", meta={"order": "N2"})
+    assert again.extensions["postonce"].from_outbox  # another meta is not another request
+    record = client.lookup("m-1")
+    assert record is not None
+    assert record.meta == {"order": "N1"}  # the first call's meta is kept
+    key = first.extensions["postonce"].key
+    assert "N1" not in json.dumps(server.requests_for(key))
+    assert [row["meta"] for row in client.outbox.export_rows()] == [{"order": "N1"}]
+
+
+@pytest.mark.parametrize(
+    ("meta", "match"),
+    [
+        pytest.param({"when": object()}, "JSON-serialisable", id="not-json"),
+        pytest.param({"blob": "x" * 9000}, "at most 8192", id="too-big"),
+        pytest.param({"n": float("nan")}, "JSON-serialisable", id="nan"),
+    ],
+)
+def test_bad_meta_is_refused_before_anything_is_stored(
+    make_client: ClientFactory, meta: Any, match: str
+) -> None:
+    """A typed error naming the intent; no row, nothing sent."""
+    sent: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(201)
+
+    client = make_client(transport=httpx.MockTransport(handler))
+    with pytest.raises(postonce.InvalidRequest, match=match) as info:
+        client.post_once("/c", json={}, intent="bad-meta", meta=meta)
+    assert info.value.intent == "bad-meta"
+    assert client.lookup("bad-meta") is None
+    assert sent == []
+
+
+def test_the_handler_runs_once_before_post_once_returns(
+    server: LoopbackServer, make_client: ClientFactory
+) -> None:
+    """Succeeded or failed, the handler sees the answer and the meta; then it is delivered."""
+    ledger = Ledger()
+    client = make_client(server.base_url, on_settled=ledger)
+    ok = client.post_once("/ietf/v1/charges", json={"amount": 1}, intent="s-ok", meta={"o": 1})
+    assert ledger.states() == [("s-ok", State.SUCCEEDED)]
+    assert ledger.calls[0].meta == {"o": 1}
+    assert ledger.calls[0].response is not None
+    assert ledger.calls[0].response.json()["id"] == ok.json()["id"]
+    declined = {"amount": 1, "_test": {"status": 402}}
+    client.post_once("/ietf/v1/charges", json=declined, intent="s-402")
+    assert ledger.states()[-1] == ("s-402", State.FAILED)
+    for reference in ("s-ok", "s-402"):
+        record = client.lookup(reference)
+        assert record is not None
+        assert (record.settle_due_at, record.settled_at is not None) == (None, True)
+    client.post_once("/ietf/v1/charges", json={"amount": 1}, intent="s-ok")  # from the outbox
+    assert len(ledger.calls) == 2  # a replay from the outbox settles nothing again
+
+
+def test_a_failing_handler_never_changes_the_outcome_and_is_retried_by_the_drain(
+    server: LoopbackServer, make_client: ClientFactory
+) -> None:
+    """The call still returns its answer; the drain calls the handler again until it returns."""
+    ledger = Ledger(fail=1)
+    client = make_client(server.base_url, on_settled=ledger)
+    with postonce.testing.set_testing():  # no backoff: the drain may retry at once
+        response = client.post_once("/ietf/v1/charges", json={"amount": 1}, intent="f-1")
+        assert response.status_code == 201
+        record = client.lookup("f-1")
+        assert record is not None
+        assert (record.state, record.settle_attempts) == (State.SUCCEEDED, 1)
+        assert record.settle_error == "RuntimeError: the orders database is down"
+        report = client.drain()
+    assert report.settled == 1
+    assert ledger.states() == [("f-1", State.SUCCEEDED)] * 2
+    record = client.lookup("f-1")
+    assert record is not None
+    assert record.settled_at is not None
+
+
+def test_an_intent_the_drain_finishes_is_settled_by_the_drain(
+    server: LoopbackServer, make_client: ClientFactory
+) -> None:
+    """The outage story: the call gives up (IntentPending), the drain charges and settles."""
+    ledger = Ledger()
+    client = make_client(server.base_url, on_settled=ledger)
+    outage = {"amount": 1, "_test": {"before": [{"status": 503}]}}
+    with pytest.raises(postonce.IntentPending):
+        client.post_once("/ietf/v1/charges", json=outage, intent="o-1", retry=ONE, meta={"o": 7})
+    assert ledger.calls == []
+    record = client.lookup("o-1")
+    assert record is not None
+    assert record.due_at is not None
+    time.sleep(max(0.0, record.due_at - time.time()))
+    report = client.drain()
+    assert (report.succeeded, report.settled) == (1, 1)
+    assert ledger.states() == [("o-1", State.SUCCEEDED)]
+    assert ledger.calls[0].meta == {"o": 7}
+
+
+def test_wait_returns_the_answer_once_another_worker_finishes(
+    server: LoopbackServer, make_client: ClientFactory
+) -> None:
+    """wait() blocks until any worker on the outbox ends the intent; a timeout is IntentPending."""
+    client = make_client(server.base_url)
+    outage = {"amount": 1, "_test": {"before": [{"status": 503}]}}
+    with pytest.raises(postonce.IntentPending):
+        client.post_once("/ietf/v1/charges", json=outage, intent="w-1", retry=ONE)
+    with pytest.raises(postonce.IntentPending):
+        client.wait("w-1", timeout=0.2)
+    worker = make_client(server.base_url)
+    finisher = threading.Timer(0.3, worker.drain)
+    finisher.start()
+    try:
+        response = client.wait("w-1", timeout=30)
+    finally:
+        finisher.join()
+    assert response.status_code == 201
+    assert response.extensions["postonce"].from_outbox
+    with pytest.raises(KeyError):
+        client.wait("nobody", timeout=0.1)
+
+
+def expired_intent(make_client: ClientFactory, reference: str, **options: Any) -> Any:
+    """An intent whose delivery was ambiguous past a 0.3 s retention: expired by the drain."""
+
+    def lost(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("lost", request=request)
+
+    client = make_client(provider=SHORT, transport=httpx.MockTransport(lost), **options)
+    with pytest.raises(postonce.IntentPending):
+        client.post_once("/c", json={}, intent=reference, retry=ONE, meta={"order": reference})
+    time.sleep(0.35)
+    return client
+
+
+def test_the_reconciler_resolves_expired_intents_and_the_handler_follows(
+    make_client: ClientFactory,
+) -> None:
+    """A drain asks reconcile(); its answer is recorded as a resolve would be, then settled."""
+    asked: list[postonce.IntentRecord] = []
+    ledger = Ledger()
+
+    def reconcile(intent: postonce.IntentRecord) -> Resolution | None:
+        asked.append(intent)
+        return Resolution.succeeded(note=f"ch_for_{intent.meta['order']}")
+
+    client = expired_intent(make_client, "r-1", on_settled=ledger, reconcile=reconcile)
+    report = client.drain()
+    assert (report.expired, report.reconciled) == (1, 1)
+    assert [a.reference for a in asked] == ["r-1"]
+    record = client.lookup("r-1")
+    assert record is not None
+    assert record.state is State.SUCCEEDED
+    assert record.note == f"reconciled by {client.sender}: ch_for_r-1"
+    # The handler heard of the expiry, then of the resolution.
+    assert ledger.states() == [("r-1", State.EXPIRED), ("r-1", State.SUCCEEDED)]
+    with pytest.raises(postonce.IntentResolved):
+        client.post_once("/c", json={}, intent="r-1")
+
+
+def test_a_reconciler_that_cannot_tell_is_asked_again_only_after_its_interval(
+    make_client: ClientFactory,
+) -> None:
+    """None leaves the intent expired for a person; the next drain does not ask at once."""
+    asked: list[str] = []
+
+    def reconcile(intent: postonce.IntentRecord) -> Resolution | None:
+        asked.append(intent.reference)
+        return None
+
+    client = expired_intent(make_client, "r-2", reconcile=reconcile, reconcile_every=3600)
+    client.drain()
+    client.drain()
+    assert asked == ["r-2"]
+    record = client.lookup("r-2")
+    assert record is not None
+    assert record.state is State.EXPIRED
+
+
+def test_resolve_and_cancel_through_a_client_run_its_handler(make_client: ClientFactory) -> None:
+    """An operator's move made with the application's client settles like any other ending."""
+    ledger = Ledger()
+    client = expired_intent(make_client, "r-3", on_settled=ledger)
+    client.drain()
+    ledger.calls.clear()
+    moved = client.resolve("r-3", State.FAILED, note="no charge at the provider")
+    assert moved.state is State.FAILED
+    assert ledger.states() == [("r-3", State.FAILED)]
+    assert ledger.calls[0].note == "no charge at the provider"
+
+
+def test_client_refuses_an_async_settlement_handler(tmp_path: Path) -> None:
+    """Client calls handlers without awaiting: an async one is refused when it is built."""
+
+    async def handler(settlement: Settlement) -> None:
+        return None
+
+    with pytest.raises(postonce.ConfigurationError, match="on_settled"):
+        postonce.Client("http://api.test", outbox=tmp_path / "o.sqlite3", on_settled=handler)
+
+
+def test_async_client_awaits_an_async_handler(server: LoopbackServer, tmp_path: Path) -> None:
+    """AsyncClient awaits a coroutine handler before the call returns."""
+    import anyio
+
+    seen: list[State] = []
+
+    async def handler(settlement: Settlement) -> None:
+        await anyio.sleep(0)
+        seen.append(settlement.state)
+
+    async def main() -> None:
+        async with postonce.AsyncClient(
+            server.base_url, outbox=tmp_path / "o.sqlite3", on_settled=handler
+        ) as client:
+            await client.post_once("/ietf/v1/charges", json={"amount": 1}, intent="a-1")
+            assert seen == [State.SUCCEEDED]
+            assert (await client.wait("a-1", timeout=1)).status_code == 201
+
+    anyio.run(main)
