@@ -269,3 +269,76 @@ def test_async_client_awaits_an_async_handler(server: LoopbackServer, tmp_path: 
             assert (await client.wait("a-1", timeout=1)).status_code == 201
 
     anyio.run(main)
+
+
+def test_cli_resolve_with_app_runs_the_handler_and_shows_the_settlement(
+    server: LoopbackServer, tmp_path: Path
+) -> None:
+    """postonce outbox resolve --app: the move goes through the client, its handler runs."""
+    import os
+    import subprocess
+    import sys
+
+    from postonce._outbox.base import NewIntent
+    from postonce._sender import origin_of
+
+    outbox, ledger = tmp_path / "o.sqlite3", tmp_path / "ledger.txt"
+    store = postonce.SQLiteStore(outbox)
+    opened = store.open_intent(
+        NewIntent(
+            reference="cli-r",
+            key="cli-r-key-0001",
+            key_given=True,
+            provider="ietf_draft",
+            method="POST",
+            url=f"{server.base_url}/ietf/v1/charges",
+            headers=(),
+            body=b"{}",
+            fingerprint="0" * 64,
+            deadline_at=None,
+            sender="settle-crash",
+            origin=origin_of(server.base_url),
+            meta='{"order_id": "N7"}',
+        ),
+        owner="x",
+        now=time.time(),
+        lease_for=10,
+    )
+    assert opened.lease is not None
+    store.settle(opened.lease, now=time.time(), state=State.EXPIRED, note="past the horizon")
+    store.close()
+    env = {
+        **os.environ,
+        "POSTONCE_TEST_BASE_URL": server.base_url,
+        "POSTONCE_TEST_OUTBOX": str(outbox),
+        "POSTONCE_TEST_SETTLE_LEDGER": str(ledger),
+    }
+    root = Path(__file__).resolve().parent.parent
+
+    def cli(*args: str) -> str:
+        result = subprocess.run(
+            [sys.executable, "-m", "postonce", "outbox", "--outbox", str(outbox), *args],
+            cwd=root,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    cli(
+        "resolve",
+        "cli-r",
+        "--succeeded",
+        "--note",
+        "ch_9 found",
+        "--app",
+        "tests.settle_app:client",
+    )
+    assert ledger.read_text().split() == ["done", "cli-r", "succeeded"]
+    shown = json.loads(cli("show", "cli-r", "--json"))
+    assert shown["meta"] == {"order_id": "N7"}
+    assert shown["settlement"].startswith("delivered ")
+    stats = json.loads(cli("stats", "--json"))
+    assert (stats["settlements_owed"], stats["settlements_failing"]) == (0, 0)

@@ -71,7 +71,24 @@ def _summary(record: IntentRecord) -> dict[str, Any]:
         "created_at": _iso(record.created_at),
         "due_at": _iso(record.due_at),
         "note": record.note,
+        "sender": record.sender,
+        "meta": record.meta,
+        "settlement": _settlement(record),
     }
+
+
+def _settlement(record: IntentRecord) -> str | None:
+    """Where the intent's settlement stands: owed, failing (with why), delivered, or none."""
+    if record.settled_at is not None:
+        return f"delivered {_iso(record.settled_at)}"
+    if record.settle_due_at is None:
+        return None
+    if record.settle_attempts:
+        return (
+            f"failing ({record.settle_attempts}x: {record.settle_error}); "
+            f"next {_iso(record.settle_due_at)}"
+        )
+    return f"owed from {_iso(record.settle_due_at)}"
 
 
 def _output(rows: list[dict[str, Any]], fmt: str | None, *, one: bool = False) -> None:
@@ -437,14 +454,51 @@ def stats(ctx: click.Context, fmt: str | None) -> None:
     _output([row], fmt, one=True)
 
 
-def _operator(ctx: click.Context, reference: str, to: State, note: str) -> None:
+def _operator(ctx: click.Context, reference: str, to: State, note: str, app: str | None) -> None:
+    """Make an operator's move; with --app, through that client, whose settlement handler runs."""
     store = _store(ctx)
     _get(store, reference)
     try:
-        record = store.operator_move(reference, to, now=time.time(), note=note)
+        if app is None:
+            record = store.operator_move(reference, to, now=time.time(), note=note)
+        else:
+            record = _operator_through(app, store, reference, to, note)
     except IllegalMove as exc:
         raise click.ClickException(f"cannot make {reference!r} {to.value}: {exc}") from exc
+    except PostonceError as exc:
+        raise click.ClickException(str(exc)) from exc
     click.echo(json.dumps(_summary(record)))
+
+
+def _operator_through(app: str, store: Store, reference: str, to: State, note: str) -> IntentRecord:
+    made = _load_client(app)
+    if isinstance(made, Client):
+        made.use_outbox(store)
+        try:
+            return made.resolve(reference, to, note=note)
+        finally:
+            made.close()
+
+    async def through_async() -> IntentRecord:
+        client = await made if inspect.iscoroutine(made) else made
+        if not isinstance(client, AsyncClient):
+            raise click.ClickException(f"{app}() returned {_what(client)}, not a postonce client")
+        client.use_outbox(store)
+        try:
+            return await client.resolve(reference, to, note=note)
+        finally:
+            await client.aclose()
+
+    return asyncio.run(through_async())
+
+
+_APP_OPTION = click.option(
+    "--app",
+    "app",
+    default=None,
+    metavar="MODULE:ATTR",
+    help="Make the move through this client, so its settlement handler (on_settled) runs.",
+)
 
 
 @outbox.command()
@@ -452,13 +506,14 @@ def _operator(ctx: click.Context, reference: str, to: State, note: str) -> None:
 @click.option(
     "--note", default="cancelled by an operator", show_default=True, help="Why, for the record."
 )
+@_APP_OPTION
 @click.pass_context
-def cancel(ctx: click.Context, reference: str, note: str) -> None:
+def cancel(ctx: click.Context, reference: str, note: str, app: str | None) -> None:
     """Cancel an intent that was never delivered; refused if it may have been.
 
     Example: postonce outbox cancel order-1234/charge --note "customer left"
     """
-    _operator(ctx, reference, State.CANCELLED, note)
+    _operator(ctx, reference, State.CANCELLED, note, app)
 
 
 @outbox.command()
@@ -466,15 +521,18 @@ def cancel(ctx: click.Context, reference: str, note: str) -> None:
 @click.option("--succeeded", is_flag=True, help="The provider executed it.")
 @click.option("--failed", is_flag=True, help="The provider did not.")
 @click.option("--note", required=True, help="What you checked, for the record.")
+@_APP_OPTION
 @click.pass_context
-def resolve(ctx: click.Context, reference: str, succeeded: bool, failed: bool, note: str) -> None:
+def resolve(
+    ctx: click.Context, reference: str, succeeded: bool, failed: bool, note: str, app: str | None
+) -> None:
     """Record the outcome of an expired intent after checking with the provider.
 
     Example: postonce outbox resolve order-1234/charge --succeeded --note "ch_123 in dashboard"
     """
     if succeeded == failed:
         raise click.UsageError("say either --succeeded or --failed")
-    _operator(ctx, reference, State.SUCCEEDED if succeeded else State.FAILED, note)
+    _operator(ctx, reference, State.SUCCEEDED if succeeded else State.FAILED, note, app)
 
 
 @outbox.command()

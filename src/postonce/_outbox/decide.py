@@ -403,6 +403,8 @@ def stats_report(
     due_now: int,
     leased: int,
     lease_expiry: float | None,
+    owed: int = 0,
+    failing: int = 0,
 ) -> dict[str, Any]:
     """``outbox stats`` from the figures a store counted.
 
@@ -421,4 +423,6 @@ def stats_report(
         "tombstones": int(tombstones),
         "in_flight": int(leased),
         "next_lease_expiry": lease_expiry,
+        "settlements_owed": int(owed),  # ended intents whose handler has not returned yet
+        "settlements_failing": int(failing),  # of those, ones whose handler raised
     }

@@ -340,6 +340,8 @@ class MemoryOutbox(StoreBase):
             + sum(1 for r in leased if (r.lease_expires_at or 0.0) <= now),
             leased=len(live),
             lease_expiry=min(live, default=None),
+            owed=sum(1 for r in records if r.settle_due_at is not None),
+            failing=sum(1 for r in records if r.settle_due_at is not None and r.settle_attempts),
         )
 
     def operator_move(

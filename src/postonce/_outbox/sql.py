@@ -371,19 +371,26 @@ class SQLStore(StoreBase):
         counts = self._select(
             "SELECT state, count(*) FROM {intents} WHERE purged_at IS NULL GROUP BY state"
         )
-        oldest, next_due, lease_due, tombstones, due_now, leased, expiry = self._select(
-            "SELECT"
-            " (SELECT min(created_at) FROM {intents} WHERE state = 'pending'),"
-            " (SELECT min(due_at) FROM {intents} WHERE state = 'pending'),"
-            " (SELECT min(lease_expires_at) FROM {intents} WHERE state = 'sending'),"
-            " (SELECT count(*) FROM {intents} WHERE purged_at IS NOT NULL),"
-            " (SELECT count(*) FROM {intents} WHERE state = 'pending' AND due_at <= ?)"
-            " + (SELECT count(*) FROM {intents} WHERE state = 'sending' AND lease_expires_at <= ?),"
-            " (SELECT count(*) FROM {intents} WHERE state = 'sending' AND lease_expires_at > ?),"
-            " (SELECT min(lease_expires_at) FROM {intents}"
-            " WHERE state = 'sending' AND lease_expires_at > ?)",
-            (now, now, now, now),
-        )[0]
+        oldest, next_due, lease_due, tombstones, due_now, leased, expiry, owed, failing = (
+            self._select(
+                "SELECT"
+                " (SELECT min(created_at) FROM {intents} WHERE state = 'pending'),"
+                " (SELECT min(due_at) FROM {intents} WHERE state = 'pending'),"
+                " (SELECT min(lease_expires_at) FROM {intents} WHERE state = 'sending'),"
+                " (SELECT count(*) FROM {intents} WHERE purged_at IS NOT NULL),"
+                " (SELECT count(*) FROM {intents} WHERE state = 'pending' AND due_at <= ?)"
+                " + (SELECT count(*) FROM {intents}"
+                " WHERE state = 'sending' AND lease_expires_at <= ?),"
+                " (SELECT count(*) FROM {intents}"
+                " WHERE state = 'sending' AND lease_expires_at > ?),"
+                " (SELECT min(lease_expires_at) FROM {intents}"
+                " WHERE state = 'sending' AND lease_expires_at > ?),"
+                " (SELECT count(*) FROM {intents} WHERE settle_due_at IS NOT NULL),"
+                " (SELECT count(*) FROM {intents}"
+                " WHERE settle_due_at IS NOT NULL AND settle_attempts > 0)",
+                (now, now, now, now),
+            )[0]
+        )
         return decide.stats_report(
             {str(state): int(count) for state, count in counts},
             oldest=oldest,
@@ -393,6 +400,8 @@ class SQLStore(StoreBase):
             due_now=due_now,
             leased=leased,
             lease_expiry=expiry,
+            owed=owed,
+            failing=failing,
         )
 
     def operator_move(
