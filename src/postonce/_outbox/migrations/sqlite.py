@@ -1,0 +1,139 @@
+"""The SQLite outbox's schema, one function per version, applied with sqlite-utils.
+
+``MIGRATIONS[n]`` takes a database at schema version n (``PRAGMA user_version``)
+to n + 1; :class:`~postonce._outbox.sqlite.SQLiteStore` applies the missing ones
+in one transaction when it opens a file. The PostgreSQL outbox keeps its
+migrations as SQL files beside this module, in ``postgres/``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import sqlite_utils
+
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION"]
+
+
+def _v1(db: sqlite_utils.Database) -> None:
+    db.table("intents").create(
+        {
+            "id": int,
+            "reference": str,
+            "key": str,
+            "provider": str,
+            "method": str,
+            "url": str,
+            "headers": str,  # JSON list of [name, value]; never a secret header
+            "body": bytes,
+            "fingerprint": str,
+            "state": str,
+            "created_at": float,
+            "updated_at": float,
+            "first_delivery_at": float,  # retry-horizon anchor; NULL while never sent
+            "due_at": float,
+            "deadline_at": float,
+            "attempts": int,
+            "last_outcome": str,
+            "lease_owner": str,
+            "lease_expires_at": float,
+            "claim_token": str,
+            "response_status": int,
+            "response_headers": str,
+            "response_body": bytes,
+            "response_truncated": int,
+            "response_sha256": str,
+            "note": str,
+            "purged_at": float,  # set when purge keeps only a tombstone
+        },
+        pk="id",
+        not_null=[
+            "reference",
+            "key",
+            "provider",
+            "method",
+            "url",
+            "headers",
+            "body",
+            "fingerprint",
+            "state",
+            "created_at",
+            "updated_at",
+            "attempts",
+        ],
+        defaults={"attempts": 0},
+    )
+    db.table("intents").create_index(["reference"], index_name="intents_reference", unique=True)
+    db.table("intents").create_index(["key"], index_name="intents_key", unique=True)
+    # Partial indexes: only the few rows a claim looks for are in them, so a
+    # call that succeeds touches one of them twice (in, then out of "sending")
+    # and the claim stays as fast at a million finished rows as at ten thousand.
+    # claim_due spells these states as literals so the planner can use them.
+    # (purge and stats scan: they are operator commands, not the hot path.)
+    db.execute("CREATE INDEX intents_due ON intents (due_at) WHERE state = 'pending'")
+    db.execute("CREATE INDEX intents_touched ON intents (updated_at) WHERE state = 'pending'")
+    db.execute("CREATE INDEX intents_lease ON intents (lease_expires_at) WHERE state = 'sending'")
+    # WITHOUT ROWID, keyed by (intent, number): one B-tree per attempt written,
+    # not a table and an index.
+    db.execute(
+        "CREATE TABLE attempts ("
+        " intent_id INTEGER NOT NULL REFERENCES intents (id),"
+        " number INTEGER NOT NULL,"
+        " started_at FLOAT NOT NULL,"
+        " duration FLOAT NOT NULL,"
+        " outcome TEXT NOT NULL,"
+        " status INTEGER,"
+        " error_type TEXT,"
+        " replayed INTEGER,"
+        " owner TEXT,"
+        " PRIMARY KEY (intent_id, number)"
+        ") WITHOUT ROWID"
+    )
+
+
+def _v2(db: sqlite_utils.Database) -> None:
+    """Sender identity: who may send an intent (``sender``) and where it goes (``origin``).
+
+    Rows written before this version have neither; the first client whose
+    origins include a row's origin adopts it (``Store.adopt``). Claims read
+    one sender's due rows, so the claim indexes lead with the sender.
+    """
+    db.execute("ALTER TABLE intents ADD COLUMN sender TEXT")
+    db.execute("ALTER TABLE intents ADD COLUMN origin TEXT")
+    db.execute("DROP INDEX intents_due")
+    db.execute("DROP INDEX intents_lease")
+    db.execute("CREATE INDEX intents_due ON intents (sender, due_at) WHERE state = 'pending'")
+    db.execute(
+        "CREATE INDEX intents_lease ON intents (sender, lease_expires_at) WHERE state = 'sending'"
+    )
+    db.execute("CREATE INDEX intents_unowned ON intents (id) WHERE sender IS NULL")
+
+
+def _v3(db: sqlite_utils.Database) -> None:
+    """Outcomes reach the application: ``meta``, settlements owed and delivered, reconciling.
+
+    ``settle_due_at`` is set while a settlement handler owes a call (from when);
+    ``settled_at`` once it returned. ``reconcile_at`` is when a drain may next
+    ask the reconciler about an expired intent.
+    """
+    for column in (
+        "meta TEXT",
+        "settle_due_at REAL",
+        "settle_attempts INTEGER NOT NULL DEFAULT 0",
+        "settle_error TEXT",
+        "settled_at REAL",
+        "reconcile_at REAL",
+    ):
+        db.execute(f"ALTER TABLE intents ADD COLUMN {column}")
+    db.execute(
+        "CREATE INDEX intents_settle ON intents (sender, settle_due_at)"
+        " WHERE settle_due_at IS NOT NULL"
+    )
+    db.execute(
+        "CREATE INDEX intents_expired ON intents (sender, reconcile_at) WHERE state = 'expired'"
+    )
+
+
+#: MIGRATIONS[n] takes a database at schema version n to n + 1.
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3]
+SCHEMA_VERSION = len(MIGRATIONS)
