@@ -16,8 +16,9 @@ from typing import Any, Literal
 
 import anyio
 import httpx
+from typing_extensions import Unpack
 
-from ._base import WAIT_POLL, BaseClient, DeadlineInput, named, with_options
+from ._base import WAIT_POLL, BaseClient, OnceOptions, named, with_options
 from ._budget import RetryBudget
 from ._drain import (
     JUST_BEFORE,
@@ -46,7 +47,7 @@ from ._outbox.sqlite import Durability
 from ._outbox.threaded import StoreThread
 from ._policy import RetryPolicy
 from ._settle import Settlement
-from ._wire import UNSET, HeaderInput
+from ._wire import HeaderInput
 from .providers import Provider
 
 __all__ = ["AsyncClient"]
@@ -156,23 +157,7 @@ class AsyncClient(BaseClient):
 
     @with_options
     async def request_once(
-        self,
-        method: str,
-        url: httpx.URL | str,
-        *,
-        intent: str | None = None,
-        key: str | None = None,
-        json: Any = UNSET,
-        content: Any = UNSET,
-        data: Any = UNSET,
-        params: Any = None,
-        headers: HeaderInput = None,
-        timeout: Any = httpx.USE_CLIENT_DEFAULT,
-        provider: str | Provider | None = None,
-        retry: RetryPolicy | None = None,
-        deadline: DeadlineInput = None,
-        fingerprint_fields: Sequence[str] | None = None,
-        meta: Any = None,
+        self, method: str, url: httpx.URL | str, **options: Unpack[OnceOptions]
     ) -> httpx.Response:
         """Send ``method url`` once per intent; see :meth:`postonce.Client.request_once`.
 
@@ -180,23 +165,7 @@ class AsyncClient(BaseClient):
         a send that may have been written is recorded as ambiguous and left
         pending for the drain; a claim that sent nothing is released.
         """
-        prepared, sender, new = self._plan(
-            method,
-            url,
-            intent=intent,
-            key=key,
-            json=json,
-            content=content,
-            data=data,
-            params=params,
-            headers=headers,
-            timeout=timeout,
-            provider=provider,
-            retry=retry,
-            deadline=deadline,
-            fingerprint_fields=fingerprint_fields,
-            meta=meta,
-        )
+        prepared, sender, new = self._plan(method, url, **options)
         try:
             thread = await self._store_thread()
         except PostonceError as exc:
@@ -356,155 +325,31 @@ class AsyncClient(BaseClient):
 
     @with_options
     async def post_once(
-        self,
-        url: httpx.URL | str,
-        *,
-        intent: str | None = None,
-        key: str | None = None,
-        json: Any = UNSET,
-        content: Any = UNSET,
-        data: Any = UNSET,
-        params: Any = None,
-        headers: HeaderInput = None,
-        timeout: Any = httpx.USE_CLIENT_DEFAULT,
-        provider: str | Provider | None = None,
-        retry: RetryPolicy | None = None,
-        deadline: DeadlineInput = None,
-        fingerprint_fields: Sequence[str] | None = None,
-        meta: Any = None,
+        self, url: httpx.URL | str, **options: Unpack[OnceOptions]
     ) -> httpx.Response:
-        """``await request_once("POST", url, ...)``: the usual case."""
-        return await self.request_once(
-            "POST",
-            url,
-            intent=intent,
-            key=key,
-            json=json,
-            content=content,
-            data=data,
-            params=params,
-            headers=headers,
-            timeout=timeout,
-            provider=provider,
-            retry=retry,
-            deadline=deadline,
-            fingerprint_fields=fingerprint_fields,
-            meta=meta,
-        )
+        """``request_once("POST", url, ...)``: the usual case."""
+        return await self.request_once("POST", url, **options)
 
     @with_options
     async def put_once(
-        self,
-        url: httpx.URL | str,
-        *,
-        intent: str | None = None,
-        key: str | None = None,
-        json: Any = UNSET,
-        content: Any = UNSET,
-        data: Any = UNSET,
-        params: Any = None,
-        headers: HeaderInput = None,
-        timeout: Any = httpx.USE_CLIENT_DEFAULT,
-        provider: str | Provider | None = None,
-        retry: RetryPolicy | None = None,
-        deadline: DeadlineInput = None,
-        fingerprint_fields: Sequence[str] | None = None,
-        meta: Any = None,
+        self, url: httpx.URL | str, **options: Unpack[OnceOptions]
     ) -> httpx.Response:
-        """``await request_once("PUT", url, ...)``."""
-        return await self.request_once(
-            "PUT",
-            url,
-            intent=intent,
-            key=key,
-            json=json,
-            content=content,
-            data=data,
-            params=params,
-            headers=headers,
-            timeout=timeout,
-            provider=provider,
-            retry=retry,
-            deadline=deadline,
-            fingerprint_fields=fingerprint_fields,
-            meta=meta,
-        )
+        """``request_once("PUT", url, ...)``."""
+        return await self.request_once("PUT", url, **options)
 
     @with_options
     async def patch_once(
-        self,
-        url: httpx.URL | str,
-        *,
-        intent: str | None = None,
-        key: str | None = None,
-        json: Any = UNSET,
-        content: Any = UNSET,
-        data: Any = UNSET,
-        params: Any = None,
-        headers: HeaderInput = None,
-        timeout: Any = httpx.USE_CLIENT_DEFAULT,
-        provider: str | Provider | None = None,
-        retry: RetryPolicy | None = None,
-        deadline: DeadlineInput = None,
-        fingerprint_fields: Sequence[str] | None = None,
-        meta: Any = None,
+        self, url: httpx.URL | str, **options: Unpack[OnceOptions]
     ) -> httpx.Response:
-        """``await request_once("PATCH", url, ...)``."""
-        return await self.request_once(
-            "PATCH",
-            url,
-            intent=intent,
-            key=key,
-            json=json,
-            content=content,
-            data=data,
-            params=params,
-            headers=headers,
-            timeout=timeout,
-            provider=provider,
-            retry=retry,
-            deadline=deadline,
-            fingerprint_fields=fingerprint_fields,
-            meta=meta,
-        )
+        """``request_once("PATCH", url, ...)``."""
+        return await self.request_once("PATCH", url, **options)
 
     @with_options
     async def delete_once(
-        self,
-        url: httpx.URL | str,
-        *,
-        intent: str | None = None,
-        key: str | None = None,
-        json: Any = UNSET,
-        content: Any = UNSET,
-        data: Any = UNSET,
-        params: Any = None,
-        headers: HeaderInput = None,
-        timeout: Any = httpx.USE_CLIENT_DEFAULT,
-        provider: str | Provider | None = None,
-        retry: RetryPolicy | None = None,
-        deadline: DeadlineInput = None,
-        fingerprint_fields: Sequence[str] | None = None,
-        meta: Any = None,
+        self, url: httpx.URL | str, **options: Unpack[OnceOptions]
     ) -> httpx.Response:
-        """``await request_once("DELETE", url, ...)``."""
-        return await self.request_once(
-            "DELETE",
-            url,
-            intent=intent,
-            key=key,
-            json=json,
-            content=content,
-            data=data,
-            params=params,
-            headers=headers,
-            timeout=timeout,
-            provider=provider,
-            retry=retry,
-            deadline=deadline,
-            fingerprint_fields=fingerprint_fields,
-            meta=meta,
-        )
+        """``request_once("DELETE", url, ...)``."""
+        return await self.request_once("DELETE", url, **options)
 
     # -- the drain -----------------------------------------------------------
 

@@ -9,8 +9,16 @@ from collections.abc import Callable, Collection, Generator, Sequence
 from typing import Any, Literal
 
 import httpx
+from typing_extensions import Unpack
 
-from ._base import WAIT_POLL, BaseClient, DeadlineInput, named, outcome_of, with_options
+from ._base import (
+    WAIT_POLL,
+    BaseClient,
+    OnceOptions,
+    named,
+    outcome_of,
+    with_options,
+)
 from ._budget import RetryBudget
 from ._drain import DrainReport, Tally, count_outcome, note_census, run_drain, stop_on_signals
 from ._exceptions import ConfigurationError, IntentPending, OutboxError, PostonceError
@@ -22,7 +30,7 @@ from ._outbox.locate import OutboxSpec
 from ._outbox.sqlite import Durability
 from ._policy import RetryPolicy
 from ._settle import Resolution, Settlement
-from ._wire import UNSET, HeaderInput
+from ._wire import HeaderInput
 from .providers import Provider
 
 __all__ = ["Client"]
@@ -115,23 +123,7 @@ class Client(BaseClient):
 
     @with_options
     def request_once(
-        self,
-        method: str,
-        url: httpx.URL | str,
-        *,
-        intent: str | None = None,
-        key: str | None = None,
-        json: Any = UNSET,
-        content: Any = UNSET,
-        data: Any = UNSET,
-        params: Any = None,
-        headers: HeaderInput = None,
-        timeout: Any = httpx.USE_CLIENT_DEFAULT,
-        provider: str | Provider | None = None,
-        retry: RetryPolicy | None = None,
-        deadline: DeadlineInput = None,
-        fingerprint_fields: Sequence[str] | None = None,
-        meta: Any = None,
+        self, method: str, url: httpx.URL | str, **options: Unpack[OnceOptions]
     ) -> httpx.Response:
         """Send ``method url`` once per intent; return the one true answer.
 
@@ -147,23 +139,7 @@ class Client(BaseClient):
         :class:`IdempotencyKeyMismatch`, :class:`IntentConflict`, or
         :class:`InvalidRequest` / :class:`OutboxError` before anything is sent.
         """
-        prepared, sender, new = self._plan(
-            method,
-            url,
-            intent=intent,
-            key=key,
-            json=json,
-            content=content,
-            data=data,
-            params=params,
-            headers=headers,
-            timeout=timeout,
-            provider=provider,
-            retry=retry,
-            deadline=deadline,
-            fingerprint_fields=fingerprint_fields,
-            meta=meta,
-        )
+        prepared, sender, new = self._plan(method, url, **options)
         try:
             store = self.outbox
         except PostonceError as exc:
@@ -283,156 +259,24 @@ class Client(BaseClient):
                 interrupted, error = exc, Abandoned()
 
     @with_options
-    def post_once(
-        self,
-        url: httpx.URL | str,
-        *,
-        intent: str | None = None,
-        key: str | None = None,
-        json: Any = UNSET,
-        content: Any = UNSET,
-        data: Any = UNSET,
-        params: Any = None,
-        headers: HeaderInput = None,
-        timeout: Any = httpx.USE_CLIENT_DEFAULT,
-        provider: str | Provider | None = None,
-        retry: RetryPolicy | None = None,
-        deadline: DeadlineInput = None,
-        fingerprint_fields: Sequence[str] | None = None,
-        meta: Any = None,
-    ) -> httpx.Response:
+    def post_once(self, url: httpx.URL | str, **options: Unpack[OnceOptions]) -> httpx.Response:
         """``request_once("POST", url, ...)``: the usual case."""
-        return self.request_once(
-            "POST",
-            url,
-            intent=intent,
-            key=key,
-            json=json,
-            content=content,
-            data=data,
-            params=params,
-            headers=headers,
-            timeout=timeout,
-            provider=provider,
-            retry=retry,
-            deadline=deadline,
-            fingerprint_fields=fingerprint_fields,
-            meta=meta,
-        )
+        return self.request_once("POST", url, **options)
 
     @with_options
-    def put_once(
-        self,
-        url: httpx.URL | str,
-        *,
-        intent: str | None = None,
-        key: str | None = None,
-        json: Any = UNSET,
-        content: Any = UNSET,
-        data: Any = UNSET,
-        params: Any = None,
-        headers: HeaderInput = None,
-        timeout: Any = httpx.USE_CLIENT_DEFAULT,
-        provider: str | Provider | None = None,
-        retry: RetryPolicy | None = None,
-        deadline: DeadlineInput = None,
-        fingerprint_fields: Sequence[str] | None = None,
-        meta: Any = None,
-    ) -> httpx.Response:
+    def put_once(self, url: httpx.URL | str, **options: Unpack[OnceOptions]) -> httpx.Response:
         """``request_once("PUT", url, ...)``."""
-        return self.request_once(
-            "PUT",
-            url,
-            intent=intent,
-            key=key,
-            json=json,
-            content=content,
-            data=data,
-            params=params,
-            headers=headers,
-            timeout=timeout,
-            provider=provider,
-            retry=retry,
-            deadline=deadline,
-            fingerprint_fields=fingerprint_fields,
-            meta=meta,
-        )
+        return self.request_once("PUT", url, **options)
 
     @with_options
-    def patch_once(
-        self,
-        url: httpx.URL | str,
-        *,
-        intent: str | None = None,
-        key: str | None = None,
-        json: Any = UNSET,
-        content: Any = UNSET,
-        data: Any = UNSET,
-        params: Any = None,
-        headers: HeaderInput = None,
-        timeout: Any = httpx.USE_CLIENT_DEFAULT,
-        provider: str | Provider | None = None,
-        retry: RetryPolicy | None = None,
-        deadline: DeadlineInput = None,
-        fingerprint_fields: Sequence[str] | None = None,
-        meta: Any = None,
-    ) -> httpx.Response:
+    def patch_once(self, url: httpx.URL | str, **options: Unpack[OnceOptions]) -> httpx.Response:
         """``request_once("PATCH", url, ...)``."""
-        return self.request_once(
-            "PATCH",
-            url,
-            intent=intent,
-            key=key,
-            json=json,
-            content=content,
-            data=data,
-            params=params,
-            headers=headers,
-            timeout=timeout,
-            provider=provider,
-            retry=retry,
-            deadline=deadline,
-            fingerprint_fields=fingerprint_fields,
-            meta=meta,
-        )
+        return self.request_once("PATCH", url, **options)
 
     @with_options
-    def delete_once(
-        self,
-        url: httpx.URL | str,
-        *,
-        intent: str | None = None,
-        key: str | None = None,
-        json: Any = UNSET,
-        content: Any = UNSET,
-        data: Any = UNSET,
-        params: Any = None,
-        headers: HeaderInput = None,
-        timeout: Any = httpx.USE_CLIENT_DEFAULT,
-        provider: str | Provider | None = None,
-        retry: RetryPolicy | None = None,
-        deadline: DeadlineInput = None,
-        fingerprint_fields: Sequence[str] | None = None,
-        meta: Any = None,
-    ) -> httpx.Response:
+    def delete_once(self, url: httpx.URL | str, **options: Unpack[OnceOptions]) -> httpx.Response:
         """``request_once("DELETE", url, ...)``."""
-        return self.request_once(
-            "DELETE",
-            url,
-            intent=intent,
-            key=key,
-            json=json,
-            content=content,
-            data=data,
-            params=params,
-            headers=headers,
-            timeout=timeout,
-            provider=provider,
-            retry=retry,
-            deadline=deadline,
-            fingerprint_fields=fingerprint_fields,
-            meta=meta,
-        )
+        return self.request_once("DELETE", url, **options)
 
     # -- the drain -----------------------------------------------------------
 
