@@ -42,6 +42,7 @@ _IDENTITY_SALT = b"postonce sender identity v2"
 _IDENTITY_ROUNDS = 100_000
 
 
+@functools.lru_cache(maxsize=1024)
 def origin_of(url: str) -> str | None:
     """``scheme://host:port`` of an absolute http(s) URL (default ports spelled out), else None.
 

@@ -102,6 +102,12 @@ def parsed_url(url_type: Any, url: str) -> httpx.URL:
     return parsed
 
 
+@functools.lru_cache(maxsize=512)
+def _joined(base: httpx.URL, url: httpx.URL) -> httpx.URL:
+    """``url`` under ``base`` as httpx joins them (URLs are immutable: joined once)."""
+    return base.copy_with(raw_path=base.raw_path + url.raw_path.lstrip(b"/"))
+
+
 def merge_url(
     http: httpx.Client | httpx.AsyncClient, url: httpx.URL | str, params: Any
 ) -> httpx.URL:
@@ -118,8 +124,7 @@ def merge_url(
     else:
         merged = parsed_url(url_type, url if isinstance(url, str) else str(url))
     if merged.is_relative_url and http.base_url:
-        base = http.base_url
-        merged = base.copy_with(raw_path=base.raw_path + merged.raw_path.lstrip(b"/"))
+        merged = _joined(http.base_url, merged)
     if params is not None:
         # httpx's rule: call params replace the URL's own query.
         merged = merged.copy_with(params=params)
@@ -166,6 +171,8 @@ def split_secret_params(
     merged: httpx.URL, secret_params: Collection[str]
 ) -> tuple[httpx.URL, tuple[tuple[str, str], ...]]:
     """The URL without its secret query parameters, and those parameters (for memory only)."""
+    if not merged.query:
+        return merged, ()
     pairs = merged.params.multi_items()
     secret = tuple((n, v) for n, v in pairs if n.lower() in secret_params)
     if not secret:
