@@ -236,7 +236,9 @@ def test_connections_dropped_during_a_drain_lose_nothing(
 
 
 def drain_process(url: str, server: LoopbackServer, name: str) -> subprocess.Popen[str]:
-    env = drain_env(server, url, name, lease=2)
+    # Each its own host (POSTONCE_HOST): a dead one's leases must run out before the
+    # others take its intents, as across real hosts (on one host they would at once).
+    env = {**drain_env(server, url, name, lease=2), "POSTONCE_HOST": name}
     return subprocess.Popen(
         [
             sys.executable,

@@ -19,7 +19,7 @@ from typing import Any
 from .._intent import TERMINAL, IntentRecord, State, StoredResponse, operator_move
 from .._sender import origin_of
 from ..providers import same_provider
-from .base import AttemptRecord, Lease, NewIntent, Opened
+from .base import AttemptRecord, Census, Lease, NewIntent, Opened
 
 __all__ = [
     "KEY_TAKEN",
@@ -27,9 +27,11 @@ __all__ = [
     "Changes",
     "adoptions",
     "attempt_row",
+    "census_of",
     "claim_anchor",
     "conflict_with",
     "created",
+    "due_by",
     "insert_row",
     "lease_free",
     "moved",
@@ -43,6 +45,7 @@ __all__ = [
     "settlement_done",
     "settlement_failed",
     "settlement_taken",
+    "stats_of",
     "stats_report",
     "taken",
 ]
@@ -426,3 +429,51 @@ def stats_report(
         "settlements_owed": int(owed),  # ended intents whose handler has not returned yet
         "settlements_failing": int(failing),  # of those, ones whose handler raised
     }
+
+
+def due_by(record: IntentRecord, by: float) -> bool:
+    """Pending and due by ``by``, or sending under a lease that ran out by then."""
+    if record.state is State.PENDING:
+        return record.due_at is not None and record.due_at <= by
+    if record.state is State.SENDING:
+        return record.lease_expires_at is not None and record.lease_expires_at <= by
+    return False
+
+
+def stats_of(records: list[IntentRecord], now: float) -> dict[str, Any]:
+    """``outbox stats`` counted from the records themselves (a store without SQL)."""
+    counts: dict[str, int] = {}
+    for r in records:
+        if r.purged_at is None:
+            counts[r.state.value] = counts.get(r.state.value, 0) + 1
+    pending = [r for r in records if r.state is State.PENDING]
+    leased = [r for r in records if r.state is State.SENDING and r.lease_expires_at is not None]
+    live = [r.lease_expires_at or 0.0 for r in leased if (r.lease_expires_at or 0.0) > now]
+    owed = [r for r in records if r.settle_due_at is not None]
+    return stats_report(
+        counts,
+        oldest=min((r.created_at for r in pending), default=None),
+        next_due=min((r.due_at for r in pending if r.due_at is not None), default=None),
+        lease_due=min((r.lease_expires_at or 0.0 for r in leased), default=None),
+        tombstones=sum(1 for r in records if r.purged_at is not None),
+        due_now=sum(1 for r in records if due_by(r, now)),
+        leased=len(live),
+        lease_expiry=min(live, default=None),
+        owed=len(owed),
+        failing=sum(1 for r in owed if r.settle_attempts),
+    )
+
+
+def census_of(
+    records: list[IntentRecord], now: float, admits: Callable[[str | None, str | None], bool]
+) -> Census:
+    """What a drain left, counted from the records: others' due intents, its own held elsewhere."""
+    held = [
+        r.lease_expires_at or 0.0
+        for r in records
+        if r.state is State.SENDING
+        and (r.lease_expires_at or 0.0) > now
+        and admits(r.sender, r.origin)
+    ]
+    not_ours = sum(1 for r in records if due_by(r, now) and not admits(r.sender, r.origin))
+    return Census(not_ours, len(held), min(held, default=None))

@@ -235,22 +235,7 @@ class MemoryOutbox(StoreBase):
     def census(self, *, sender: str, origins: Collection[str] | None, now: float) -> Census:
         """Due intents this sender may not send, and its intents other owners hold now."""
         mine = Mine(sender, None if origins is None else tuple(origins))
-        with self._lock:
-            rows = list(self._rows.values())
-        not_ours = sum(
-            1
-            for row in rows
-            if self._due(row, now, float("inf"))  # due now; a clock step back aside
-            and not mine.admits(row["sender"], row["origin"])
-        )
-        held = [
-            row["lease_expires_at"]
-            for row in rows
-            if row["state"] == State.SENDING.value
-            and (row.get("lease_expires_at") or 0.0) > now
-            and mine.admits(row["sender"], row["origin"])
-        ]
-        return Census(not_ours, len(held), min(held, default=None))
+        return decide.census_of(self._records(), now, mine.admits)
 
     def run_batch(self, calls: list[tuple[str, dict[str, Any]]]) -> list[tuple[bool, Any]]:
         """Run several store calls under the lock, in order; ``(ok, result or exception)`` each.
@@ -319,30 +304,11 @@ class MemoryOutbox(StoreBase):
 
     def stats(self, *, now: float) -> dict[str, Any]:
         """Counts per state, the oldest pending intent, the next due time, expired ones."""
+        return decide.stats_of(self._records(), now)
+
+    def _records(self) -> list[IntentRecord]:
         with self._lock:
-            records = [_decode(row) for row in self._rows.values()]
-        counts: dict[str, int] = {}
-        for r in records:
-            if r.purged_at is None:
-                counts[r.state.value] = counts.get(r.state.value, 0) + 1
-        pending = [r for r in records if r.state is State.PENDING and r.due_at is not None]
-        leased = [r for r in records if r.state is State.SENDING and r.lease_expires_at]
-        live = [
-            r.lease_expires_at for r in leased if r.lease_expires_at and r.lease_expires_at > now
-        ]
-        return decide.stats_report(
-            counts,
-            oldest=min((r.created_at for r in records if r.state is State.PENDING), default=None),
-            next_due=min((r.due_at for r in pending if r.due_at is not None), default=None),
-            lease_due=min((r.lease_expires_at or 0.0 for r in leased), default=None),
-            tombstones=sum(1 for r in records if r.purged_at is not None),
-            due_now=sum(1 for r in pending if r.due_at is not None and r.due_at <= now)
-            + sum(1 for r in leased if (r.lease_expires_at or 0.0) <= now),
-            leased=len(live),
-            lease_expiry=min(live, default=None),
-            owed=sum(1 for r in records if r.settle_due_at is not None),
-            failing=sum(1 for r in records if r.settle_due_at is not None and r.settle_attempts),
-        )
+            return [_decode(row) for row in self._rows.values()]
 
     def operator_move(
         self,

@@ -22,7 +22,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from importlib import resources
 from typing import Any
 
 import psycopg
@@ -32,29 +31,15 @@ from psycopg import sql
 from .._engine import CLOCK_TOLERANCE
 from .._exceptions import ConfigurationError, IntentConflict, OutboxError
 from .._intent import TERMINAL
-from .rows import COLUMN_NAMES, needs_durable, newer_schema
+from .migrations.postgres import MIGRATIONS, SCHEMA_VERSION, migrate, migrations
+from .rows import COLUMN_NAMES, needs_durable
 from .sql import SQLStore
 from .sqlite import Durability
 from .store import Mine
 
-__all__ = ["MIGRATIONS", "PostgresStore", "migrations"]
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "PostgresStore", "migrations"]
 
 TERMINAL_VALUES = frozenset(state.value for state in TERMINAL)
-_MIGRATION_LOCK = 0x706F73746F6E6365  # "postonce": one migrator at a time, per database
-
-
-def migrations() -> list[tuple[int, str]]:
-    """(version, SQL) for every migration file, in order."""
-    folder = resources.files("postonce._outbox.migrations.postgres")
-    found = []
-    for entry in folder.iterdir():
-        if entry.name.endswith(".sql"):
-            found.append((int(entry.name.split("_", 1)[0]), entry.read_text()))
-    return sorted(found)
-
-
-MIGRATIONS = migrations()
-SCHEMA_VERSION = MIGRATIONS[-1][0]
 
 
 class PostgresStore(SQLStore):
@@ -94,7 +79,6 @@ class PostgresStore(SQLStore):
         self.schema = schema
         self.durability: Durability = durability
         self._create = create
-        self._q = sql.Identifier(schema)
         self._local = threading.local()
         try:
             self._pool = psycopg_pool.ConnectionPool(
@@ -128,60 +112,11 @@ class PostgresStore(SQLStore):
         on = durable and self.durability == "full"
         return f"SET LOCAL synchronous_commit = {'on' if on else 'off'}"
 
-    def _ddl(self, text: str) -> sql.Composed:
-        """A migration or meta statement, ``{schema}`` quoted."""
-        return sql.SQL(text).format(schema=self._q)
-
     # -- plumbing ---------------------------------------------------------
-
-    def _current_version(self, conn: psycopg.Connection[Any]) -> int | None:
-        """The stored schema version, or None where no outbox is (or can be seen)."""
-        found = conn.execute(
-            "SELECT 1 FROM information_schema.tables"
-            " WHERE table_schema = %s AND table_name = 'postonce_meta'",
-            (self.schema,),
-        ).fetchone()
-        if found is None:
-            conn.rollback()
-            return None
-        row = conn.execute(self._ddl("SELECT version FROM {schema}.postonce_meta")).fetchone()
-        conn.rollback()
-        return None if row is None else int(row[0])
 
     def _migrate(self) -> None:
         with self._connection() as conn:
-            # An outbox already current needs no DDL: a role with only the run-time
-            # grants (no CREATE) can use it.
-            current = self._current_version(conn)
-            if current == SCHEMA_VERSION:
-                return
-            if current is None and not self._create:
-                raise OutboxError(f"no outbox in schema {self.schema!r} at {self._where}")
-            with conn.transaction():
-                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
-                conn.execute(self._ddl("CREATE SCHEMA IF NOT EXISTS {schema}"))
-                conn.execute(
-                    self._ddl("CREATE TABLE IF NOT EXISTS {schema}.postonce_meta (version integer)")
-                )
-                row = conn.execute(
-                    self._ddl("SELECT version FROM {schema}.postonce_meta")
-                ).fetchone()
-                version = 0 if row is None else int(row[0])
-                if version > SCHEMA_VERSION:
-                    raise newer_schema(f"in schema {self.schema!r}", version, SCHEMA_VERSION)
-                for number, text in MIGRATIONS:
-                    if number > version:
-                        conn.execute(self._ddl(text))
-                if row is None:
-                    conn.execute(
-                        self._ddl("INSERT INTO {schema}.postonce_meta VALUES (%s)"),
-                        (SCHEMA_VERSION,),
-                    )
-                elif version < SCHEMA_VERSION:
-                    conn.execute(
-                        self._ddl("UPDATE {schema}.postonce_meta SET version = %s"),
-                        (SCHEMA_VERSION,),
-                    )
+            migrate(conn, self.schema, create=self._create, where=self._where)
 
     @contextmanager
     def _connection(self) -> Iterator[psycopg.Connection[Any]]:
