@@ -104,17 +104,20 @@ def pending_intent(client: Any, reference: str) -> str:
 def test_two_accounts_on_one_outbox_never_send_each_others_intents(
     server: LoopbackServer, make_client: ClientFactory
 ) -> None:
-    """Account B's drain leaves A's pending charge alone (counted); A's own drain sends it."""
+    """Each account's drain sends only its own pending charge and counts the other's."""
     a = make_client(server.base_url, headers={"Authorization": "Bearer sk_test_ACCOUNT_A"})
     b = make_client(server.base_url, headers={"Authorization": "Bearer sk_test_ACCOUNT_B"})
     assert a.sender != b.sender
-    key = pending_intent(a, "acct-a/charge")
+    key_a = pending_intent(a, "acct-a/charge")
+    key_b = pending_intent(b, "acct-b/charge")
     report_b = b.drain()
-    assert (report_b.claimed, report_b.not_ours) == (0, 1)
+    assert (report_b.claimed, report_b.succeeded, report_b.not_ours) == (1, 1, 1)
     report_a = a.drain()
     assert (report_a.claimed, report_a.succeeded, report_a.not_ours) == (1, 1, 0)
-    assert len(server.effects_for(key)) == 1
-    assert {r["authorization"] for r in server.requests_for(key)} == {"Bearer sk_test_ACCOUNT_A"}
+    for key, account in ((key_a, "A"), (key_b, "B")):
+        assert len(server.effects_for(key)) == 1
+        sent_with = {r["authorization"] for r in server.requests_for(key)}
+        assert sent_with == {f"Bearer sk_test_ACCOUNT_{account}"}
 
 
 def test_resuming_another_senders_intent_is_a_conflict(
