@@ -342,3 +342,21 @@ def test_cli_resolve_with_app_runs_the_handler_and_shows_the_settlement(
     assert shown["settlement"].startswith("delivered ")
     stats = json.loads(cli("stats", "--json"))
     assert (stats["settlements_owed"], stats["settlements_failing"]) == (0, 0)
+
+
+def test_another_senders_intent_is_neither_settled_waited_on_nor_resolved_here(
+    server: LoopbackServer, make_client: ClientFactory
+) -> None:
+    """A shared outbox: this client's handler, wait() and resolve() stay with its own intents."""
+    theirs, mine = Ledger(), Ledger()
+    other = make_client(server.base_url, name="other-service", on_settled=theirs)
+    client = make_client(server.base_url, name="this-service", on_settled=mine)
+    other.post_once("/ietf/v1/charges", json={"amount": 1}, intent="shared/charge")
+    with pytest.raises(postonce.IntentConflict, match="other-service"):
+        client.post_once("/ietf/v1/charges", json={"amount": 1}, intent="shared/charge")
+    with pytest.raises(KeyError):
+        client.wait("shared/charge", timeout=0.1)
+    with pytest.raises(postonce.IntentConflict, match="other-service"):
+        client.resolve("shared/charge", State.FAILED, note="not mine")
+    assert theirs.states() == [("shared/charge", State.SUCCEEDED)]
+    assert mine.calls == []

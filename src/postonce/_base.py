@@ -23,6 +23,7 @@ from ._budget import RetryBudget
 from ._drain import Tally
 from ._exceptions import (
     ConfigurationError,
+    IntentConflict,
     InvalidRequest,
     OutboxError,
     PostonceError,
@@ -685,6 +686,7 @@ class BaseClient:
         record: IntentRecord | None = yield StoreCall("get", {"reference": reference})
         if (
             record is None
+            or record.sender != self.sender  # another sender's: its own client settles it
             or record.settle_due_at is None
             or record.settled_at is not None
             or record.settle_attempts > 0
@@ -735,7 +737,20 @@ class BaseClient:
     def _operator_flow(
         self, intent: str, to: State, note: str
     ) -> Generator[Effect, Any, IntentRecord]:
-        """An operator's move made through this client: recorded, then its settlement delivered."""
+        """An operator's move made through this client: recorded, then its settlement delivered.
+
+        Only for this client's sender's intents: the handler is this client's.
+        """
+        found: IntentRecord | None = yield StoreCall("get", {"reference": intent})
+        if found is None:
+            raise KeyError(intent)
+        if found.sender is not None and found.sender != self.sender:
+            raise IntentConflict(
+                f"it belongs to sender {found.sender!r}, not to this client ({self.sender!r}); "
+                "resolve it through that sender's client, or with postonce outbox resolve",
+                intent=intent,
+                key=found.key,
+            )
         moved: IntentRecord = yield StoreCall(
             "operator_move",
             {
@@ -751,8 +766,11 @@ class BaseClient:
         return moved
 
     def _settled_answer(self, record: IntentRecord | None, intent: str) -> httpx.Response | None:
-        """An ended intent's final answer (or its terminal error, raised); None if unfinished."""
-        if record is None:
+        """An ended intent's final answer (or its terminal error, raised); None if unfinished.
+
+        Another sender's intent is unknown here: its answer is that sender's.
+        """
+        if record is None or (record.sender is not None and record.sender != self.sender):
             raise KeyError(intent)
         if record.state not in TERMINAL:
             return None
