@@ -360,3 +360,106 @@ def test_another_senders_intent_is_neither_settled_waited_on_nor_resolved_here(
         client.resolve("shared/charge", State.FAILED, note="not mine")
     assert theirs.states() == [("shared/charge", State.SUCCEEDED)]
     assert mine.calls == []
+
+
+# -- found by review: each of these failed before its fix ---------------------------------
+
+
+def test_a_late_handler_result_never_clears_a_newer_settlement(outbox: Any) -> None:
+    """A drain's handler still running on the expiry; an operator resolves meanwhile.
+
+    The late ``done`` presents the old settlement's fence and is refused: the
+    resolution's settlement stays owed and is delivered next.
+    """
+    from postonce._outbox.base import NewIntent
+    from postonce._outbox.locate import open_store
+
+    store = open_store(outbox)
+    opened = store.open_intent(
+        NewIntent("e1", "e1-key-0001", True, "ietf_draft", "POST", "https://api.test/c", (),
+                  b"{}", "0" * 64, None, sender="s", origin="https://api.test:443"),
+        owner="o", now=1000.0, lease_for=10.0,
+    )  # fmt: skip
+    assert opened.lease is not None
+    store.settle(opened.lease, now=1001.0, state=State.EXPIRED, note="x", settle_hold=0.0)
+    (held,) = store.claim_settlements(sender="s", now=1002.0, limit=10, hold=60.0)
+    assert held.settle_due_at == 1062.0
+    resolved = store.operator_move("e1", State.SUCCEEDED, now=1003.0, note="ok", settle_hold=0.0)
+    assert resolved.settle_due_at == 1003.0
+    assert not store.settlement_done(intent_id=held.id, now=1004.0, owed_at=1062.0)
+    record = store.get("e1")
+    assert record is not None
+    assert (record.state, record.settle_due_at, record.settled_at) == (
+        State.SUCCEEDED,
+        1003.0,
+        None,
+    )
+    (again,) = store.claim_settlements(sender="s", now=1005.0, limit=10, hold=60.0)
+    assert again.state is State.SUCCEEDED
+    if not isinstance(outbox, postonce.testing.MemoryOutbox):
+        store.close()
+
+
+def test_settlements_are_claimed_only_for_the_clients_origins(outbox: Any) -> None:
+    """One sender, two origins: a drain settles only the intents addressed to its own."""
+    from postonce._outbox.base import NewIntent
+    from postonce._outbox.locate import open_store
+
+    store = open_store(outbox)
+    for ref, origin in (("p1", "https://pal.test:443"), ("c1", "https://checkout.test:443")):
+        opened = store.open_intent(
+            NewIntent(ref, f"{ref}-key-0001", True, "ietf_draft", "POST", f"{origin}/c", (),
+                      b"{}", "0" * 64, None, sender="same", origin=origin),
+            owner="o", now=1000.0, lease_for=10.0,
+        )  # fmt: skip
+        assert opened.lease is not None
+        store.settle(opened.lease, now=1001.0, state=State.CANCELLED, note="x", settle_hold=0.0)
+    mine = store.claim_settlements(
+        sender="same", now=1002.0, limit=10, hold=60.0, origins=["https://pal.test:443"]
+    )
+    assert [r.reference for r in mine] == ["p1"]
+    if not isinstance(outbox, postonce.testing.MemoryOutbox):
+        store.close()
+
+
+def test_a_reconciler_answer_for_an_intent_resolved_meanwhile_does_not_stop_the_drain(
+    make_client: ClientFactory,
+) -> None:
+    """Someone resolved it between the claim and the answer: theirs stands, the drain goes on."""
+    client: Any = None
+
+    def reconcile(intent: postonce.IntentRecord) -> Resolution | None:
+        client.outbox.operator_move(intent.reference, State.FAILED, now=time.time(), note="ops")
+        return Resolution.succeeded(note="too late")
+
+    client = expired_intent(make_client, "r-9", reconcile=reconcile)
+    report = client.drain()
+    assert report.reconciled == 0
+    record = client.lookup("r-9")
+    assert record is not None
+    assert (record.state, record.note) == (State.FAILED, "ops")
+
+
+def test_a_replay_while_the_handler_runs_does_not_call_it_again(
+    server: LoopbackServer, make_client: ClientFactory
+) -> None:
+    """The answer read from the outbox is not a new ending: one handler call, not two."""
+    calls: list[str] = []
+    started = threading.Event()
+
+    def slow(settlement: Settlement) -> None:
+        calls.append(threading.current_thread().name)
+        started.set()
+        time.sleep(0.3)
+
+    client = make_client(server.base_url, on_settled=slow)
+    first = threading.Thread(
+        target=lambda: client.post_once("/ietf/v1/charges", json={"amount": 1}, intent="rp"),
+        name="first",
+    )
+    first.start()
+    assert started.wait(10)
+    again = client.post_once("/ietf/v1/charges", json={"amount": 1}, intent="rp")
+    first.join()
+    assert again.extensions["postonce"].from_outbox
+    assert len(calls) == 1

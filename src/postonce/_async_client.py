@@ -174,10 +174,12 @@ class AsyncClient(BaseClient):
             response: httpx.Response = await self._drive(
                 run(sender, new), thread, prepared.reference, prepared.key
             )
-        except PostonceError:
-            await self._settle(thread, prepared.reference, prepared.key)
+        except PostonceError as exc:
+            if not getattr(exc, "from_outbox", False):  # an ending read back is not new
+                await self._settle(thread, prepared.reference, prepared.key)
             raise
-        await self._settle(thread, prepared.reference, prepared.key)
+        if not response.extensions["postonce"].from_outbox:
+            await self._settle(thread, prepared.reference, prepared.key)
         return response
 
     async def _settle(self, thread: StoreThread, reference: str, key: str) -> None:

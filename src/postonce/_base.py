@@ -6,6 +6,7 @@ clients differ only in how they perform the flow's effects.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json as jsonlib
 import logging
@@ -675,24 +676,43 @@ class BaseClient:
     # -- settlements and reconciliation ----------------------------------------
 
     def _settle_after_call(self, reference: str) -> Generator[Effect, Any, bool]:
-        """After a call: run the handler if the call ended the intent and it is owed.
+        """After a call that ended an intent: take its settlement and run the handler.
 
-        An intent this call ended owes a settlement no one has tried yet; one a
-        drain holds, or whose handler already failed (retried with backoff by
-        the drain), is left to the drain.
+        Called only when this call's own flow ended the intent (not for an answer
+        read from the outbox). The settlement is taken atomically, so of two
+        callers that see it owed only one runs the handler; one a drain holds,
+        or whose handler already failed (retried with backoff by drains), is left.
         """
         if self.on_settled is None:
             return False
         record: IntentRecord | None = yield StoreCall("get", {"reference": reference})
         if (
             record is None
-            or record.sender != self.sender  # another sender's: its own client settles it
+            or not self._ours(record)
             or record.settle_due_at is None
             or record.settled_at is not None
             or record.settle_attempts > 0
         ):
             return False
-        return (yield from settle_flow(self.on_settled, record, self._clock, self._lib))
+        fence: float | None = yield StoreCall(
+            "take_settlement",
+            {
+                "intent_id": record.id,
+                "owed_at": record.settle_due_at,
+                "now": self._clock(),
+                "hold": self.lease_seconds,
+            },
+        )
+        if fence is None:
+            return False
+        taken = dataclasses.replace(record, settle_due_at=fence)
+        return (yield from settle_flow(self.on_settled, taken, self._clock, self._lib))
+
+    def _ours(self, record: IntentRecord) -> bool:
+        """Whether a stored intent is this client's: its sender, to one of its origins."""
+        if record.sender is not None and record.sender != self.sender:
+            return False
+        return self.origins is None or record.origin is None or record.origin in self.origins
 
     def _aftercare(self, tally: Tally) -> Generator[Effect, Any, None]:
         """A drain's pass over what ended: reconcile expired intents, deliver owed settlements."""
@@ -704,6 +724,7 @@ class BaseClient:
                     "now": self._clock(),
                     "limit": 64,
                     "every": self.reconcile_every,
+                    "origins": self.origins,
                 },
             )
             for record in expired:
@@ -728,6 +749,7 @@ class BaseClient:
                     "now": self._clock(),
                     "limit": 64,
                     "hold": self.lease_seconds,
+                    "origins": self.origins,
                 },
             )
             for record in owed:
@@ -744,10 +766,11 @@ class BaseClient:
         found: IntentRecord | None = yield StoreCall("get", {"reference": intent})
         if found is None:
             raise KeyError(intent)
-        if found.sender is not None and found.sender != self.sender:
+        if not self._ours(found):
             raise IntentConflict(
-                f"it belongs to sender {found.sender!r}, not to this client ({self.sender!r}); "
-                "resolve it through that sender's client, or with postonce outbox resolve",
+                f"it belongs to sender {found.sender!r} at {found.origin}, not to this client "
+                f"({self.sender!r}); resolve it through that client, or with postonce outbox "
+                "resolve",
                 intent=intent,
                 key=found.key,
             )
@@ -770,7 +793,7 @@ class BaseClient:
 
         Another sender's intent is unknown here: its answer is that sender's.
         """
-        if record is None or (record.sender is not None and record.sender != self.sender):
+        if record is None or not self._ours(record):
             raise KeyError(intent)
         if record.state not in TERMINAL:
             return None

@@ -148,10 +148,12 @@ class Client(BaseClient):
             response: httpx.Response = self._drive(
                 run(sender, new), store, prepared.reference, prepared.key
             )
-        except PostonceError:
-            self._settle(store, prepared.reference, prepared.key)
+        except PostonceError as exc:
+            if not getattr(exc, "from_outbox", False):  # an ending read back is not new
+                self._settle(store, prepared.reference, prepared.key)
             raise
-        self._settle(store, prepared.reference, prepared.key)
+        if not response.extensions["postonce"].from_outbox:
+            self._settle(store, prepared.reference, prepared.key)
         return response
 
     def _settle(self, store: Store, reference: str, key: str) -> None:

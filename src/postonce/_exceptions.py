@@ -124,6 +124,8 @@ class IntentError(PostonceError):
 
     intent: str
     key: str
+    #: The error stands for an ending read from the outbox: nothing ended in this call.
+    from_outbox: bool = False
 
     def __init__(
         self,

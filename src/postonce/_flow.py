@@ -30,6 +30,7 @@ from ._exceptions import (
     IdempotencyKeyMismatch,
     IntentCancelled,
     IntentConflict,
+    IntentError,
     IntentExpired,
     IntentPending,
     IntentPurged,
@@ -147,8 +148,17 @@ def _annotate(response: httpx.Response, info: IntentInfo) -> httpx.Response:
 def from_outbox(record: IntentRecord, lib: ModuleType = httpx) -> httpx.Response:
     """The stored answer of a terminal intent, or the error that stands for it.
 
-    ``lib`` is the HTTP library whose Response to build: httpx or httpx2.
+    ``lib`` is the HTTP library whose Response to build: httpx or httpx2. An
+    error raised here says ``from_outbox``: the intent ended before this call.
     """
+    try:
+        return _stored_answer(record, lib)
+    except IntentError as exc:
+        exc.from_outbox = True
+        raise
+
+
+def _stored_answer(record: IntentRecord, lib: ModuleType) -> httpx.Response:
     if record.purged_at is not None:
         raise IntentPurged(
             f"it finished as {record.state.value} and was purged; only its tombstone is left, "

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from ._flow import Callback, Effect, StoreCall
-from ._intent import IntentRecord, State
+from ._intent import IllegalMove, IntentRecord, State
 from ._policy import settle_backoff
 
 __all__ = ["Resolution", "Settlement", "reconcile_flow", "settle_flow", "settlement_of"]
@@ -80,7 +80,13 @@ def settle_flow(
     clock: Callable[[], float],
     lib: ModuleType = httpx,
 ) -> Generator[Effect, Any, bool]:
-    """Call the handler for one ended intent; record it delivered, or when to try again."""
+    """Call the handler for one ended intent; record it delivered, or when to try again.
+
+    ``record.settle_due_at`` is the settlement's fence: the result is recorded
+    only if that settlement is still the one owed (a newer ending owes its own).
+    """
+    owed_at = record.settle_due_at
+    assert owed_at is not None
     try:
         yield Callback(handler, settlement_of(record, lib))
     except Exception as exc:
@@ -99,11 +105,14 @@ def settle_flow(
                 "intent_id": record.id,
                 "error": f"{type(exc).__name__}: {exc}",
                 "retry_at": clock() + wait,
+                "owed_at": owed_at,
             },
         )
         return False
-    yield StoreCall("settlement_done", {"intent_id": record.id, "now": clock()})
-    return True
+    done = yield StoreCall(
+        "settlement_done", {"intent_id": record.id, "now": clock(), "owed_at": owed_at}
+    )
+    return bool(done)
 
 
 def reconcile_flow(
@@ -140,14 +149,19 @@ def reconcile_flow(
         )
         return None
     note = f"reconciled by {sender}" + (f": {answer.note}" if answer.note else "")
-    resolved: IntentRecord = yield StoreCall(
-        "operator_move",
-        {
-            "reference": record.reference,
-            "to": answer.state,
-            "now": clock(),
-            "note": note,
-            "settle_hold": settle_hold,
-        },
-    )
+    try:
+        resolved: IntentRecord = yield StoreCall(
+            "operator_move",
+            {
+                "reference": record.reference,
+                "to": answer.state,
+                "now": clock(),
+                "note": note,
+                "settle_hold": settle_hold,
+            },
+        )
+    except (IllegalMove, KeyError) as exc:
+        # Resolved (or purged) by someone else since it was claimed: their answer stands.
+        logger.info("reconciler's answer for %r not recorded: %s", record.reference, exc)
+        return None
     return resolved

@@ -132,15 +132,33 @@ class Store(Protocol):
     ) -> bool: ...
 
     def claim_settlements(
-        self, *, sender: str, now: float, limit: int, hold: float
+        self,
+        *,
+        sender: str,
+        now: float,
+        limit: int,
+        hold: float,
+        origins: Collection[str] | None = None,
     ) -> list[IntentRecord]: ...
 
-    def settlement_done(self, *, intent_id: int, now: float) -> bool: ...
+    def take_settlement(
+        self, *, intent_id: int, owed_at: float, now: float, hold: float
+    ) -> float | None: ...
 
-    def settlement_failed(self, *, intent_id: int, error: str, retry_at: float) -> bool: ...
+    def settlement_done(self, *, intent_id: int, now: float, owed_at: float) -> bool: ...
+
+    def settlement_failed(
+        self, *, intent_id: int, error: str, retry_at: float, owed_at: float
+    ) -> bool: ...
 
     def claim_expired(
-        self, *, sender: str, now: float, limit: int, every: float
+        self,
+        *,
+        sender: str,
+        now: float,
+        limit: int,
+        every: float,
+        origins: Collection[str] | None = None,
     ) -> list[IntentRecord]: ...
 
     def wait_change(self, intent_id: int, timeout: float) -> None: ...

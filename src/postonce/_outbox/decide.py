@@ -330,7 +330,13 @@ def owed(state: State, now: float, settle_hold: float | None) -> Changes:
     """
     if settle_hold is None or state not in TERMINAL:
         return {}
-    return {"settle_due_at": now + settle_hold, "settled_at": None}
+    # A new settlement: its own fence (settle_due_at), no failures of an older one.
+    return {
+        "settle_due_at": now + settle_hold,
+        "settled_at": None,
+        "settle_attempts": 0,
+        "settle_error": None,
+    }
 
 
 def settled(now: float, state: State, note: str, settle_hold: float | None = None) -> Changes:

@@ -127,14 +127,15 @@ class MemoryOutbox(StoreBase):
             return True
 
     def _take_rows(
-        self, kind: str, *, sender: str, now: float, limit: int, changes: decide.Changes
+        self, kind: str, *, mine: Mine, now: float, limit: int, changes: decide.Changes
     ) -> list[IntentRecord]:
         with self._write():
             if kind == "settle":
                 rows = [
                     r
                     for r in self._rows.values()
-                    if r["sender"] == sender and (r.get("settle_due_at") or now + 1) <= now
+                    if (r.get("settle_due_at") or now + 1) <= now
+                    and mine.admits(r["sender"], r["origin"])
                 ]
                 rows.sort(key=lambda r: (r["settle_due_at"], r["id"]))
             else:
@@ -142,7 +143,7 @@ class MemoryOutbox(StoreBase):
                     r
                     for r in self._rows.values()
                     if r["state"] == State.EXPIRED.value
-                    and r["sender"] == sender
+                    and mine.admits(r["sender"], r["origin"])
                     and (r.get("reconcile_at") is None or r["reconcile_at"] <= now)
                 ]
                 rows.sort(key=lambda r: int(r["id"]))
@@ -151,10 +152,12 @@ class MemoryOutbox(StoreBase):
                 self._change(record.id, changes)
         return taken
 
-    def _change_row(self, intent_id: int, changes: decide.Changes, *, bump: str | None) -> bool:
+    def _change_row(
+        self, intent_id: int, changes: decide.Changes, *, bump: str | None, owed_at: float
+    ) -> bool:
         with self._write():
             row = self._rows.get(intent_id)
-            if row is None:
+            if row is None or row.get("settle_due_at") != owed_at:
                 return False
             extra = {bump: int(row.get(bump) or 0) + 1} if bump is not None else {}
             self._change(intent_id, {**changes, **extra})

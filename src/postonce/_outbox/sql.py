@@ -190,34 +190,42 @@ class SQLStore(StoreBase):
         A no-op where waiters poll; PostgreSQL sends a NOTIFY, delivered on commit.
         """
 
-    _TAKE: ClassVar[dict[str, str]] = {
-        "settle": "sender = ? AND settle_due_at <= ? ORDER BY settle_due_at, id",
+    _TAKE: ClassVar[dict[str, tuple[str, str]]] = {
+        "settle": ("settle_due_at <= ?", " ORDER BY settle_due_at, id"),
         "expired": (
-            "state = 'expired' AND sender = ? AND (reconcile_at IS NULL OR reconcile_at <= ?)"
-            " ORDER BY id"
+            "state = 'expired' AND (reconcile_at IS NULL OR reconcile_at <= ?)",
+            " ORDER BY id",
         ),
     }
 
     def _take_rows(
-        self, kind: str, *, sender: str, now: float, limit: int, changes: decide.Changes
+        self, kind: str, *, mine: Mine, now: float, limit: int, changes: decide.Changes
     ) -> list[IntentRecord]:
+        where, order = self._TAKE[kind]
+        only, params = self._mine(mine)
         with self._write(durable=False) as conn:
             rows = self._run(
                 conn,
-                f"SELECT {COLUMNS} FROM {{intents}} WHERE {self._TAKE[kind]} LIMIT ?"
+                f"SELECT {COLUMNS} FROM {{intents}} WHERE {where}{only}{order} LIMIT ?"
                 f"{self.skip_locked}",
-                (sender, now, limit),
+                (now, *params, limit),
             ).fetchall()
             records = [decode_row(row) for row in rows]
             for record in records:
                 self._update(conn, record.id, changes)
         return records
 
-    def _change_row(self, intent_id: int, changes: decide.Changes, *, bump: str | None) -> bool:
+    def _change_row(
+        self, intent_id: int, changes: decide.Changes, *, bump: str | None, owed_at: float
+    ) -> bool:
         extra = f", {bump} = {bump} + 1" if bump is not None else ""
-        query = self._shaped(f"UPDATE {{intents}} SET {{sets}}{extra} WHERE id = ?", tuple(changes))
+        query = self._shaped(
+            f"UPDATE {{intents}} SET {{sets}}{extra} WHERE id = ? AND settle_due_at = ?",
+            tuple(changes),
+        )
         with self._write(durable=False) as conn:
-            return int(conn.execute(query, (*changes.values(), intent_id)).rowcount) == 1
+            cur = conn.execute(query, (*changes.values(), intent_id, owed_at))
+            return int(cur.rowcount) == 1
 
     def _by_reference(self, conn: Any, reference: str) -> IntentRecord | None:
         """The intent stored under ``reference``, locked for this transaction's change."""

@@ -76,7 +76,7 @@ class StoreBase(ABC):
 
     @abstractmethod
     def _take_rows(
-        self, kind: str, *, sender: str, now: float, limit: int, changes: decide.Changes
+        self, kind: str, *, mine: Mine, now: float, limit: int, changes: decide.Changes
     ) -> list[IntentRecord]:
         """Write ``changes`` on up to ``limit`` rows of ``sender`` in one transaction; say which.
 
@@ -85,8 +85,14 @@ class StoreBase(ABC):
         """
 
     @abstractmethod
-    def _change_row(self, intent_id: int, changes: decide.Changes, *, bump: str | None) -> bool:
-        """Write ``changes`` to one row (and add one to column ``bump``); False if it is gone."""
+    def _change_row(
+        self, intent_id: int, changes: decide.Changes, *, bump: str | None, owed_at: float
+    ) -> bool:
+        """Write ``changes`` (and one more ``bump``) while ``settle_due_at`` is ``owed_at``.
+
+        The fence of a settlement: a handler's result is recorded only for the
+        settlement it was given, never for a newer one owed since (False then).
+        """
 
     @abstractmethod
     def _fenced(self, lease: Lease, changes: decide.Changes, *, durable: bool) -> bool:
@@ -211,25 +217,60 @@ class StoreBase(ABC):
         return self._fenced(lease, changes, durable=True)
 
     def claim_settlements(
-        self, *, sender: str, now: float, limit: int, hold: float
+        self,
+        *,
+        sender: str,
+        now: float,
+        limit: int,
+        hold: float,
+        origins: Collection[str] | None = None,
     ) -> list[IntentRecord]:
-        """Take up to ``limit`` settlements owed by ``now`` for ``hold`` seconds (at least once)."""
+        """Take up to ``limit`` settlements owed by ``now`` for ``hold`` seconds (at least once).
+
+        The records handed back carry the new ``settle_due_at``: the fence their
+        ``settlement_done``/``settlement_failed`` must present.
+        """
+        mine = Mine(sender, None if origins is None else tuple(sorted(origins)))
         taken = decide.settlement_taken(now, hold)
-        return self._take_rows("settle", sender=sender, now=now, limit=limit, changes=taken)
+        rows = self._take_rows("settle", mine=mine, now=now, limit=limit, changes=taken)
+        return [dataclasses.replace(r, settle_due_at=taken["settle_due_at"]) for r in rows]
 
-    def settlement_done(self, *, intent_id: int, now: float) -> bool:
-        return self._change_row(intent_id, decide.settlement_done(now), bump=None)
+    def take_settlement(
+        self, *, intent_id: int, owed_at: float, now: float, hold: float
+    ) -> float | None:
+        """Take one settlement if it is still the one owed at ``owed_at``: its new fence, or None.
 
-    def settlement_failed(self, *, intent_id: int, error: str, retry_at: float) -> bool:
+        Two callers that read the same owed settlement cannot both take it.
+        """
+        taken = decide.settlement_taken(now, hold)
+        if not self._change_row(intent_id, taken, bump=None, owed_at=owed_at):
+            return None
+        fence: float = taken["settle_due_at"]
+        return fence
+
+    def settlement_done(self, *, intent_id: int, now: float, owed_at: float) -> bool:
+        changes = decide.settlement_done(now)
+        return self._change_row(intent_id, changes, bump=None, owed_at=owed_at)
+
+    def settlement_failed(
+        self, *, intent_id: int, error: str, retry_at: float, owed_at: float
+    ) -> bool:
         changes = decide.settlement_failed(error, retry_at)
-        return self._change_row(intent_id, changes, bump="settle_attempts")
+        return self._change_row(intent_id, changes, bump="settle_attempts", owed_at=owed_at)
 
     def claim_expired(
-        self, *, sender: str, now: float, limit: int, every: float
+        self,
+        *,
+        sender: str,
+        now: float,
+        limit: int,
+        every: float,
+        origins: Collection[str] | None = None,
     ) -> list[IntentRecord]:
         """Take up to ``limit`` expired intents to ask the reconciler about (once per ``every``)."""
+        mine = Mine(sender, None if origins is None else tuple(sorted(origins)))
         taken = decide.reconcile_taken(now, every)
-        return self._take_rows("expired", sender=sender, now=now, limit=limit, changes=taken)
+        return self._take_rows("expired", mine=mine, now=now, limit=limit, changes=taken)
 
     def wait_change(self, intent_id: int, timeout: float) -> None:
         """Block until the intent may have changed, or ``timeout`` passes.
