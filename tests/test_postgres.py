@@ -190,6 +190,9 @@ def test_connections_dropped_during_a_drain_lose_nothing(
     url = f"{pg_outbox}&application_name={app_name}"
     keys = fill(url, server, 200, "fault", b'{"amount":1,"_test":{"delay":0.01}}')
     client = postonce.Client(server.base_url, outbox=url, retry=FAST, lease_seconds=1.0)
+    # Opened before the faults begin: this test is about a drain that loses connections,
+    # not one that cannot open its outbox (that fails fast, as it should).
+    client.outbox  # noqa: B018
     stop, done = threading.Event(), threading.Event()
     reports: list[postonce.DrainReport] = []
     worker = threading.Thread(
@@ -271,16 +274,25 @@ def test_three_hosts_one_killed_every_intent_once(server: LoopbackServer, pg_out
             assert time.monotonic() < deadline, "host0 never got going"
             assert hosts[0].poll() is None, hosts[0].communicate()
             time.sleep(0.02)
-        hosts[0].send_signal(signal.SIGKILL)
-        hosts[0].wait(timeout=10)
         base, schema = split_schema(pg_outbox)
         store = PostgresStore(base, schema=schema)
-        # The dead host held leases: these are the intents the others must take over.
-        orphaned = [
-            r.reference
-            for r in store.list_intents(state=State.SENDING)
-            if r.lease_owner is not None and f"/{hosts[0].pid}/" in r.lease_owner
-        ]
+
+        def held_by_host0() -> list[str]:
+            return [
+                r.reference
+                for r in store.list_intents(state=State.SENDING)
+                if r.lease_owner is not None and f"/{hosts[0].pid}/" in r.lease_owner
+            ]
+
+        # Killed while it holds leases (between two batches it holds none).
+        while not held_by_host0():
+            assert time.monotonic() < deadline, "host0 never held a lease"
+            time.sleep(0.005)
+        hosts[0].send_signal(signal.SIGKILL)
+        hosts[0].wait(timeout=10)
+        # The dead host held leases: these are the intents the others must take over
+        # (on other hosts, after the leases run out: they cannot see the process).
+        orphaned = held_by_host0()
         deadline = time.monotonic() + 120
         while store.stats(now=time.time())["states"]["succeeded"] < 2000:
             assert time.monotonic() < deadline, store.stats(now=time.time())
