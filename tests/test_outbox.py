@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import sqlite3
@@ -516,5 +517,24 @@ def test_a_renewal_never_shortens_a_lease(outbox: str) -> None:
         assert record is not None
         assert record.lease_expires_at == 130.0
         assert store.claim_due(owner="drain", now=120.0, limit=10, lease_for=10.0) == []
+    finally:
+        store.close()
+
+
+def test_census_reads_a_row_of_no_origin_alike_on_every_backend(outbox: str) -> None:
+    """A row of this sender with no origin is ours to a client of no origins, not to one of some.
+
+    (Found by review: the SQL census counted it as another's while the memory
+    census and the claims took it as ours.)
+    """
+    store = open_store(outbox)
+    try:
+        new = dataclasses.replace(new_intent(), sender="s", origin=None)
+        opened = store.open_intent(new, owner="o", now=100.0, lease_for=1.0)
+        assert opened.lease is not None
+        store.release(opened.lease, now=100.0, due_at=100.0, anchor=None)
+        assert store.census(sender="s", origins=None, now=200.0).not_ours == 0
+        assert store.census(sender="s", origins=["http://api.test:80"], now=200.0).not_ours == 1
+        assert store.census(sender="other", origins=None, now=200.0).not_ours == 1
     finally:
         store.close()

@@ -336,7 +336,12 @@ class SQLStore(StoreBase):
         """Due intents this sender may not send, and its intents other owners hold now."""
         mine = Mine(sender, None if origins is None else tuple(sorted(origins)))
         only, params = self._mine(mine)
-        theirs = f"NOT (sender IS NOT NULL AND origin IS NOT NULL{only})"
+        # The negation of Mine.admits, NULL-safe: a row of no origin is ours unless the
+        # client names its origins (then only rows addressed to one of them are).
+        guard = "sender IS NOT NULL" + (
+            " AND origin IS NOT NULL" if mine.origins is not None else ""
+        )
+        theirs = f"NOT ({guard}{only})"
         ((not_ours, leased, expiry),) = self._select(
             f"SELECT (SELECT count(*) FROM {{intents}} WHERE state = 'pending'"
             f" AND due_at <= ? AND {theirs}) + (SELECT count(*) FROM {{intents}}"
