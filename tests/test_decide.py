@@ -7,13 +7,14 @@ memory stores all apply these, so a rule tested here holds on every backend.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
 from postonce import State
-from postonce._intent import IntentRecord
+from postonce._intent import IntentRecord, Outcome, StoredResponse
 from postonce._outbox import decide
-from postonce._outbox.base import Lease, NewIntent
+from postonce._outbox.base import AttemptRecord, Lease, NewIntent
 
 NOW = 1000.0
 NEW = NewIntent(
@@ -151,3 +152,85 @@ def test_adoptions(
 def test_claim_anchor(record: IntentRecord, anchor: float) -> None:
     """A drain's claim starts the horizon now only for an intent never possibly delivered."""
     assert decide.claim_anchor(record, NOW) == anchor
+
+
+ANSWERED = decide.recorded(
+    LEASE,
+    AttemptRecord(NOW, 0.25, Outcome.FINAL, 201, None, False),
+    state=State.SUCCEEDED,
+    anchor=NOW - 0.001,
+    due_at=None,
+    lease_until=None,
+    response=StoredResponse(201, (), b"{}", False, "abc"),
+    note=None,
+)
+_ANSWER = AttemptRecord(NOW, 0.25, Outcome.FINAL, 201, None, False)
+
+
+@pytest.mark.parametrize(
+    ("number", "attempt", "changes", "carried"),
+    [
+        pytest.param(1, _ANSWER, ANSWERED, True, id="first-try-2xx"),
+        pytest.param(
+            1,
+            replace(_ANSWER, status=402),
+            {**ANSWERED, "state": "failed", "response_status": 402},
+            True,
+            id="first-try-final-4xx",
+        ),
+        pytest.param(2, _ANSWER, ANSWERED, False, id="second-attempt"),
+        pytest.param(1, replace(_ANSWER, replayed=True), ANSWERED, False, id="replayed"),
+        pytest.param(
+            1,
+            replace(_ANSWER, outcome=Outcome.AMBIGUOUS, status=None, error_type="ReadTimeout"),
+            {**ANSWERED, "state": "pending", "response_status": None},
+            False,
+            id="ambiguous",
+        ),
+        pytest.param(
+            1,
+            replace(_ANSWER, status=503, outcome=Outcome.RETRYABLE),
+            {k: v for k, v in ANSWERED.items() if not k.startswith("response")}
+            | {"state": "pending"},
+            False,
+            id="retry-keeps-no-answer",
+        ),
+        pytest.param(
+            1,
+            replace(_ANSWER, status=500, outcome=Outcome.RETRYABLE),
+            {**ANSWERED, "state": "expired", "response_status": None},
+            False,
+            id="expired-without-answer",
+        ),
+    ],
+)
+def test_which_attempt_the_intent_row_carries(
+    number: int, attempt: AttemptRecord, changes: decide.Changes, carried: bool
+) -> None:
+    assert decide.carried(number, attempt, changes) is carried
+    row = decide.attempt_row(LEASE, number, attempt, changes)
+    assert (row is None) is carried
+
+
+@pytest.mark.parametrize(
+    ("columns", "expected"),
+    [
+        pytest.param(
+            ("succeeded", 1, NOW, NOW + 0.25, "final", 201, None),
+            [AttemptRecord(NOW, 0.25, Outcome.FINAL, 201, None, False)],
+            id="carried",
+        ),
+        pytest.param(
+            ("failed", 1, NOW, NOW + 1, "mismatch", 400, None),
+            [AttemptRecord(NOW, 1.0, Outcome.MISMATCH, 400, None, False)],
+            id="mismatch",
+        ),
+        pytest.param(("sending", 0, NOW, NOW, None, None, None), [], id="never-answered"),
+        pytest.param(("succeeded", 2, NOW, NOW + 1, "final", 201, None), [], id="two-attempts"),
+        pytest.param(("succeeded", 1, NOW, NOW + 1, "final", 201, NOW + 5), [], id="tombstone"),
+        pytest.param(("expired", 1, NOW, NOW + 1, "ambiguous", None, None), [], id="no-answer"),
+        pytest.param(("cancelled", 1, None, NOW, "final", 201, None), [], id="no-anchor"),
+    ],
+)
+def test_carried_attempts(columns: tuple[Any, ...], expected: list[AttemptRecord]) -> None:
+    assert decide.carried_attempts(*columns) == expected

@@ -154,3 +154,50 @@ def test_pending_intent_finished_by_a_later_call(
     assert response.status_code == 201
     assert response.extensions["postonce"].key == exc.value.key
     assert len(server.effects_for(exc.value.key)) == 1
+
+
+def _attempt_rows(outbox: postonce.Store, reference: str) -> int:
+    """Rows the attempts table itself holds for ``reference`` (not what ``attempts()`` reads)."""
+    from postonce._outbox.memory import MemoryOutbox
+    from postonce._outbox.sql import SQLStore
+
+    record = outbox.get(reference)
+    assert record is not None
+    if isinstance(outbox, MemoryOutbox):
+        return len(outbox._attempts[record.id])
+    assert isinstance(outbox, SQLStore)
+    rows = outbox._select("SELECT count(*) FROM {attempts} WHERE intent_id = ?", (record.id,))
+    return int(rows[0][0])
+
+
+def test_a_first_try_answer_is_kept_by_the_intent_row_alone(
+    server: LoopbackServer, make_client: ClientFactory
+) -> None:
+    """A first-try 2xx or final 4xx writes no attempts row, yet its attempt is read back.
+
+    Any other history (a retry, a replay) keeps every attempt in the attempts table.
+    """
+    client = make_client(server.base_url)
+    first = client.post_once("/ietf/v1/charges", json={"amount": 1}, intent="carried-2xx")
+    declined = client.post_once(
+        "/ietf/v1/charges", json={"amount": 1, "_test": {"status": 402}}, intent="carried-402"
+    )
+    retried = client.post_once(
+        "/ietf/v1/charges",
+        json={"amount": 1, "_test": {"before": [{"status": 503, "retry_after": "0"}]}},
+        intent="logged-retry",
+    )
+    assert (first.status_code, declined.status_code, retried.status_code) == (201, 402, 201)
+    outbox = client.outbox
+    for reference, status in (("carried-2xx", 201), ("carried-402", 402)):
+        assert _attempt_rows(outbox, reference) == 0
+        (attempt,) = outbox.attempts(reference)
+        record = outbox.get(reference)
+        assert record is not None
+        assert attempt.status == status
+        assert attempt.outcome is postonce.Outcome.FINAL
+        assert (attempt.error_type, attempt.replayed) == (None, False)
+        assert attempt.started_at == record.first_delivery_at
+        assert 0 <= attempt.duration < 60
+    assert _attempt_rows(outbox, "logged-retry") == 2
+    assert [a.status for a in outbox.attempts("logged-retry")] == [503, 201]

@@ -16,7 +16,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from .._intent import TERMINAL, IntentRecord, State, StoredResponse, operator_move
+from .._intent import TERMINAL, IntentRecord, Outcome, State, StoredResponse, operator_move
 from .._sender import origin_of
 from ..providers import same_provider
 from .base import AttemptRecord, Census, Lease, NewIntent, Opened
@@ -27,6 +27,8 @@ __all__ = [
     "Changes",
     "adoptions",
     "attempt_row",
+    "carried",
+    "carried_attempts",
     "census_of",
     "claim_anchor",
     "conflict_with",
@@ -56,6 +58,8 @@ Changes = dict[str, Any]
 #: The states whose rows purge may reduce to tombstones. An expired intent stays
 #: until a person resolves it: purging it would hide it from "needs attention".
 PURGEABLE = tuple(sorted(s.value for s in TERMINAL if s is not State.EXPIRED))
+
+_TERMINAL_VALUES = frozenset(s.value for s in TERMINAL)
 
 #: Why a new intent whose key another reference holds is refused.
 KEY_TAKEN = "this key already belongs to another intent"
@@ -288,8 +292,71 @@ def recorded(
     return changes
 
 
-def attempt_row(lease: Lease, number: int, attempt: AttemptRecord) -> Changes:
-    """The attempts-table row of attempt ``number`` of the leased intent."""
+def carried(number: int, attempt: AttemptRecord, changes: Changes) -> bool:
+    """Whether the intent row alone keeps attempt ``number``: no attempts-table row.
+
+    True for a first attempt that ended the intent with an answer it stores
+    (the common first-try 2xx, or a final 4xx): the row's ``first_delivery_at``,
+    ``updated_at``, ``last_outcome`` and ``response_status`` say all the
+    attempt said, and :func:`carried_attempts` reads it back. A replayed answer
+    or an attempt that ended in an error keeps its row: the intent row cannot
+    say so. Saves one B-tree page per intent in the commit of its answer.
+    """
+    return (
+        number == 1
+        and changes.get("state") in _TERMINAL_VALUES
+        and changes.get("response_status") == attempt.status
+        and attempt.status is not None
+        and attempt.error_type is None
+        and not attempt.replayed
+    )
+
+
+def carried_attempts(
+    state: str,
+    attempts: int,
+    first_delivery_at: float | None,
+    updated_at: float,
+    last_outcome: str | None,
+    status: int | None,
+    purged_at: float | None,
+) -> list[AttemptRecord]:
+    """The attempt an intent row carries (see :func:`carried`), for an intent with no attempt rows.
+
+    Its start is the write-ahead's time, a few microseconds before the send,
+    and its duration runs to the answer's record: the attempt as the row knows it.
+    A purged intent (a tombstone) has lost its attempts, carried ones too.
+    """
+    if (
+        purged_at is not None
+        or attempts != 1
+        or state not in _TERMINAL_VALUES
+        or status is None
+        or last_outcome is None
+        or first_delivery_at is None
+    ):
+        return []
+    return [
+        AttemptRecord(
+            started_at=float(first_delivery_at),
+            duration=max(0.0, float(updated_at) - float(first_delivery_at)),
+            outcome=Outcome(last_outcome),
+            status=int(status),
+            error_type=None,
+            replayed=False,
+        )
+    ]
+
+
+def attempt_row(
+    lease: Lease, number: int, attempt: AttemptRecord, changes: Changes
+) -> Changes | None:
+    """The attempts-table row of attempt ``number`` of the leased intent.
+
+    None when the intent row carries the attempt (:func:`carried`).
+    """
+    if carried(number, attempt, changes):
+        return None
     return {
         "intent_id": lease.intent_id,
         "number": number,

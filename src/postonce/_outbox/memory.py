@@ -122,8 +122,9 @@ class MemoryOutbox(StoreBase):
                 return False
             number = int(row["attempts"]) + 1
             self._change(lease.intent_id, {**changes, "attempts": number})
-            logged = decide.attempt_row(lease, number, attempt)
-            self._attempts[lease.intent_id] += (logged,)
+            logged = decide.attempt_row(lease, number, attempt, changes)
+            if logged is not None:
+                self._attempts[lease.intent_id] += (logged,)
             return True
 
     def _take_rows(
@@ -293,8 +294,20 @@ class MemoryOutbox(StoreBase):
     def attempts(self, reference: str) -> list[AttemptRecord]:
         with self._lock:
             found = self._by_reference.get(reference)
-            log = () if found is None else self._attempts[found]
-        return [decode_attempt(tuple(a[c] for c in _ATTEMPT)) for a in log]
+            if found is None:
+                return []
+            log, row = self._attempts[found], self._rows[found]
+        if log:
+            return [decode_attempt(tuple(a[c] for c in _ATTEMPT)) for a in log]
+        return decide.carried_attempts(
+            row["state"],
+            row["attempts"],
+            row.get("first_delivery_at"),
+            row["updated_at"],
+            row.get("last_outcome"),
+            row.get("response_status"),
+            row.get("purged_at"),
+        )
 
     def list_intents(
         self, *, state: State | None = None, limit: int | None = None

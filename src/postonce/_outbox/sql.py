@@ -286,9 +286,12 @@ class SQLStore(StoreBase):
             if numbered is None:
                 return False
             self._ended(conn, lease.intent_id, changes)
-            row = decide.attempt_row(lease, int(numbered[0]), attempt)
-            insert = self._shaped("INSERT INTO {attempts} ({cols}) VALUES ({marks})", tuple(row))
-            conn.execute(insert, tuple(row.values()))
+            row = decide.attempt_row(lease, int(numbered[0]), attempt, changes)
+            if row is not None:
+                insert = self._shaped(
+                    "INSERT INTO {attempts} ({cols}) VALUES ({marks})", tuple(row)
+                )
+                conn.execute(insert, tuple(row.values()))
             return True
 
     def _claim(
@@ -365,7 +368,14 @@ class SQLStore(StoreBase):
             " WHERE i.reference = ? ORDER BY a.number",
             (reference,),
         )
-        return [decode_attempt(r) for r in rows]
+        if rows:
+            return [decode_attempt(r) for r in rows]
+        carried = self._select(
+            "SELECT state, attempts, first_delivery_at, updated_at, last_outcome,"
+            " response_status, purged_at FROM {intents} WHERE reference = ?",
+            (reference,),
+        )
+        return decide.carried_attempts(*carried[0]) if carried else []
 
     def list_intents(
         self, *, state: State | None = None, limit: int | None = None
