@@ -67,18 +67,17 @@ def _classes(lib: ModuleType) -> tuple[type, type]:
 
 
 def watched(lib: ModuleType, request: Any, body: bytes) -> tuple[Any, Watch]:
-    """``request`` again, its body behind a :class:`Watch`; and the watch."""
+    """``request`` itself, its body now behind a :class:`Watch`; and the watch.
+
+    The request is changed in place, not built again: its headers (with
+    Content-Length) and extensions (timeouts) stay its own. Its stream becomes
+    the watch and its read copy of the body goes, so no transport can take the
+    body without the watch seeing.
+    """
     stream_type, request_type = _classes(lib)
     watch: Watch = stream_type(body)
-    # stream= keeps httpx from reading the body into the request up front, so
-    # no transport can take it without the watch seeing; the headers (with
-    # Content-Length) and extensions (timeouts) are the built request's own.
-    again = request_type(
-        request.method,
-        request.url,
-        headers=request.headers,
-        stream=watch,
-        extensions=request.extensions,
-    )
-    again.postonce_watch = watch
-    return again, watch
+    request.stream = watch
+    request.__dict__.pop("_content", None)
+    request.__class__ = request_type
+    request.postonce_watch = watch
+    return request, watch
