@@ -168,6 +168,33 @@ def test_key_already_used_by_another_intent_is_a_conflict(make_client: ClientFac
     assert len(rec.requests) == 1
 
 
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        pytest.param({"intent": "o-10"}, {}, id="named-then-unnamed"),
+        pytest.param({}, {"intent": "o-11"}, id="unnamed-then-named"),
+    ],
+)
+def test_a_key_belongs_to_one_intent_across_named_and_unnamed_calls(
+    make_client: ClientFactory, first: dict[str, str], second: dict[str, str]
+) -> None:
+    """A call without intent= (its key is its reference) and a named intent never share a key.
+
+    On SQLite the key index holds named intents only (schema v4): this clash is
+    the one it cannot see, so it is looked up before the write-ahead.
+    """
+    rec = Recorder(ok(201))
+    client = make_client(transport=rec.transport)
+    client.post_once("/charge", json={"a": 1}, key="k-across-0001", **first)
+    with pytest.raises(postonce.IntentConflict, match="another intent"):
+        client.post_once("/charge", json={"a": 1}, key="k-across-0001", **second)
+    assert len(rec.requests) == 1
+    # The same call again is the same intent: answered from the outbox, not refused.
+    again = client.post_once("/charge", json={"a": 1}, key="k-across-0001", **first)
+    assert again.extensions["postonce"].from_outbox is True
+    assert len(rec.requests) == 1
+
+
 # -- conflicts ------------------------------------------------------------------------
 
 

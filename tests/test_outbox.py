@@ -104,6 +104,16 @@ def test_a_newer_schema_is_refused(outbox_path: Path) -> None:
             "intents_due",
             id="due",
         ),
+        pytest.param(
+            "SELECT 1 FROM intents WHERE key = 'k' AND key != reference",
+            "intents_key",
+            id="named-key",
+        ),
+        pytest.param(
+            "SELECT 1 FROM intents WHERE reference = 'k' AND key = reference",
+            "intents_reference",
+            id="unnamed-key",
+        ),
     ],
 )
 def test_lookups_use_an_index(outbox_path: Path, sql: str, index: str) -> None:

@@ -236,6 +236,21 @@ class SQLStore(StoreBase):
         ).fetchone()
         return None if row is None else decode_row(row)
 
+    def _key_held(self, conn: Any, new: NewIntent) -> bool:
+        """Whether another kind of intent holds the caller-given key of ``new``.
+
+        A call without ``intent=`` has its key as its reference, so SQLite's key
+        index holds only intents named apart from their key (schema v4): the
+        reference index keeps the first kind unique, the key index the second.
+        A given key is looked up in the index of the other kind. (A minted
+        UUIDv4 cannot meet one, and the unique indexes catch the rest.)
+        """
+        if new.reference == new.key:
+            query = "SELECT 1 FROM {intents} WHERE key = ? AND key != reference LIMIT 1"
+        else:
+            query = "SELECT 1 FROM {intents} WHERE reference = ? AND key = reference LIMIT 1"
+        return self._run(conn, query, (new.key,)).fetchone() is not None
+
     # -- the Store protocol -----------------------------------------------
 
     def open_intent(
@@ -258,6 +273,8 @@ class SQLStore(StoreBase):
         )
         try:
             with self._write(durable=True) as conn:
+                if new.key_given and self._key_held(conn, new):
+                    raise IntentConflict(decide.KEY_TAKEN, reference=new.reference, key=new.key)
                 found = conn.execute(insert, tuple(row.values())).fetchone()
                 if found is not None:
                     return decide.created(new, int(found[0]), lease, now)
