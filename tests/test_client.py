@@ -171,12 +171,12 @@ def test_key_already_used_by_another_intent_is_a_conflict(make_client: ClientFac
 @pytest.mark.parametrize(
     ("first", "second"),
     [
-        pytest.param({"intent": "o-10"}, {}, id="named-then-unnamed"),
-        pytest.param({}, {"intent": "o-11"}, id="unnamed-then-named"),
+        pytest.param("o-10", None, id="named-then-unnamed"),
+        pytest.param(None, "o-11", id="unnamed-then-named"),
     ],
 )
 def test_a_key_belongs_to_one_intent_across_named_and_unnamed_calls(
-    make_client: ClientFactory, first: dict[str, str], second: dict[str, str]
+    make_client: ClientFactory, first: str | None, second: str | None
 ) -> None:
     """A call without intent= (its key is its reference) and a named intent never share a key.
 
@@ -185,12 +185,12 @@ def test_a_key_belongs_to_one_intent_across_named_and_unnamed_calls(
     """
     rec = Recorder(ok(201))
     client = make_client(transport=rec.transport)
-    client.post_once("/charge", json={"a": 1}, key="k-across-0001", **first)
+    client.post_once("/charge", json={"a": 1}, key="k-across-0001", intent=first)
     with pytest.raises(postonce.IntentConflict, match="another intent"):
-        client.post_once("/charge", json={"a": 1}, key="k-across-0001", **second)
+        client.post_once("/charge", json={"a": 1}, key="k-across-0001", intent=second)
     assert len(rec.requests) == 1
     # The same call again is the same intent: answered from the outbox, not refused.
-    again = client.post_once("/charge", json={"a": 1}, key="k-across-0001", **first)
+    again = client.post_once("/charge", json={"a": 1}, key="k-across-0001", intent=first)
     assert again.extensions["postonce"].from_outbox is True
     assert len(rec.requests) == 1
 
