@@ -212,10 +212,11 @@ def prepare(
     method = method.upper()
     if intent is not None and (not isinstance(intent, str) or not intent or len(intent) > 1024):
         raise InvalidRequest("intent= must be a non-empty str of at most 1024 characters")
-    call_headers = httpx.Headers(headers)
+    # Most calls bring no headers of their own: no Headers object to build then.
+    call_headers = httpx.Headers(headers) if headers else None
     field = provider.key_field
     body_key = provider.key_transport == "body"
-    if not body_key:
+    if not body_key and call_headers is not None:
         key = _adopt(call_headers.get(field), key, f"{field} header", intent)
         if field in call_headers:
             del call_headers[field]
@@ -277,14 +278,17 @@ def prepare(
             fields=fingerprint_fields,
             reference=reference,
         )
-    if content_type is not None and "content-type" not in call_headers:
-        call_headers["content-type"] = content_type
-
-    secrets = {name.lower() for name in secret_names}
     stored: list[tuple[str, str]] = []
     secret: list[tuple[str, str]] = []
-    for name, value in call_headers.multi_items():
-        (secret if name.lower() in secrets else stored).append((name, value))
+    if call_headers is None:
+        if content_type is not None:
+            stored.append(("content-type", content_type))
+    else:
+        if content_type is not None and "content-type" not in call_headers:
+            call_headers["content-type"] = content_type
+        secrets = {name.lower() for name in secret_names}
+        for name, value in call_headers.multi_items():
+            (secret if name.lower() in secrets else stored).append((name, value))
     return Prepared(
         reference=reference,
         key=key,

@@ -12,6 +12,7 @@ backend file keeps only what truly differs: connections, locking, SQL.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Callable
 from typing import Any
@@ -65,6 +66,12 @@ _TERMINAL_VALUES = frozenset(s.value for s in TERMINAL)
 KEY_TAKEN = "this key already belongs to another intent"
 
 
+@functools.lru_cache(maxsize=256)
+def headers_json(headers: tuple[tuple[str, str], ...]) -> str:
+    """The stored form of a request's headers (a service sends the same few sets: cached)."""
+    return json.dumps(headers)
+
+
 def insert_row(new: NewIntent, lease: Lease, now: float) -> Changes:
     """The columns of a new intent: stored, and leased to its first sender, in one write."""
     return {
@@ -73,7 +80,7 @@ def insert_row(new: NewIntent, lease: Lease, now: float) -> Changes:
         "provider": new.provider,
         "method": new.method,
         "url": new.url,
-        "headers": json.dumps(new.headers),
+        "headers": headers_json(new.headers),
         "body": bytes(new.body),
         "fingerprint": new.fingerprint,
         "state": State.SENDING.value,
@@ -121,7 +128,7 @@ def created(new: NewIntent, intent_id: int, lease: Lease, now: float) -> Opened:
     )
     return Opened(
         record,
-        dataclasses.replace(lease, intent_id=intent_id),
+        Lease(intent_id, lease.token, lease.owner, lease.expires_at),
         created=True,
         conflict=None,
         anchor_before=None,
