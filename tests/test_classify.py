@@ -406,6 +406,33 @@ def test_is_replay(provider: str, headers: dict[str, str], expected: bool) -> No
     assert is_replay(httpx.Headers(headers), BUILTIN_PROVIDERS[provider]) is expected
 
 
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [
+        pytest.param([("Idempotent-Replayed", "true")] * 2, False, id="repeated-joined"),
+        pytest.param(
+            [("Idempotent-Replayed", "false"), ("X-Idempotent-Replayed", "true")],
+            True,
+            id="one-name-of-several-true",
+        ),
+        pytest.param([("IDEMPOTENT-REPLAYED", " TRUE ")], True, id="case-and-space"),
+    ],
+)
+def test_is_replay_reads_repeated_headers_as_httpx_joins_them(
+    headers: list[tuple[str, str]], expected: bool
+) -> None:
+    """A repeated header reads as its values joined (``Headers.get``), which is not ``true``."""
+    provider = BUILTIN_PROVIDERS["ietf_draft"]
+    assert is_replay(httpx.Headers(headers), provider) is expected
+
+
+def test_is_replay_reads_a_plain_mapping_by_name() -> None:
+    """Headers without a raw list (a plain mapping) are looked up by each replay header's name."""
+    stripe = BUILTIN_PROVIDERS["stripe"]
+    assert is_replay({"Idempotent-Replayed": "true"}, stripe) is True
+    assert is_replay({"Idempotent-Replayed": "false"}, stripe) is False
+
+
 PROBLEM = {"Content-Type": "application/problem+json; charset=utf-8"}
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Mapping
 
@@ -163,5 +164,27 @@ def _server_error(headers: Mapping[str, str], provider: Provider) -> Outcome:
 
 
 def is_replay(headers: Mapping[str, str], provider: Provider) -> bool:
-    """Whether the server marked this answer as a replay of an earlier one."""
-    return any(_truthy(headers.get(name)) for name in provider.replay_headers)
+    """Whether the server marked this answer as a replay of an earlier one.
+
+    Read in one pass over an httpx ``Headers``' raw list (every answer is
+    checked; a lookup per name would scan the list once per name), with the
+    values of a repeated header joined as ``Headers.get`` joins them.
+    """
+    names = provider.replay_headers
+    if not names:
+        return False
+    raw = getattr(headers, "raw", None)
+    if raw is None:
+        return any(_truthy(headers.get(name)) for name in names)
+    wanted = _lowered(names)
+    found: dict[bytes, list[str]] = {}
+    for name, value in raw:
+        lowered = name.lower()
+        if lowered in wanted:
+            found.setdefault(lowered, []).append(value.decode("latin-1"))
+    return any(_truthy(", ".join(found[name])) for name in wanted if name in found)
+
+
+@functools.lru_cache(maxsize=64)
+def _lowered(names: tuple[str, ...]) -> tuple[bytes, ...]:
+    return tuple(name.lower().encode("latin-1") for name in names)
