@@ -15,7 +15,7 @@ import pytest
 
 import postonce
 from postonce import SQLiteStore, State
-from postonce._intent import Outcome
+from postonce._intent import Outcome, StoredResponse
 from postonce._outbox.base import AttemptRecord, Lease, NewIntent
 from postonce._outbox.locate import open_store
 from postonce._outbox.sqlite import SCHEMA_VERSION
@@ -218,6 +218,52 @@ def test_concurrent_opens_grant_one_lease(outbox: str) -> None:
             store.close()
 
 
+def answer(store: postonce.Store, lease: Lease | None) -> bool:
+    """Record a first-try 201 with its stored answer: the attempt the intent row carries."""
+    assert lease is not None
+    return store.record(
+        lease,
+        an_attempt(),
+        state=State.SUCCEEDED,
+        anchor=1000.0,
+        due_at=None,
+        lease_until=None,
+        response=StoredResponse(201, (), b"{}", False, hashlib.sha256(b"{}").hexdigest()),
+        note=None,
+        durable=False,
+    )
+
+
+def test_a_carried_first_answer_is_fenced_like_any_record(outbox: str) -> None:
+    """The one-statement record of a first-try answer is refused once the lease is taken over."""
+    a, b = open_store(outbox), open_store(outbox)
+    try:
+        first = a.open_intent(new_intent(), owner="a", now=1000.0, lease_for=10)
+        late = b.open_intent(new_intent(), owner="b", now=1011.0, lease_for=10)
+        assert late.lease is not None
+        assert answer(a, first.lease) is False
+        assert answer(b, late.lease) is True
+        record = b.get(late.record.reference)
+        assert record is not None
+        assert (record.state, record.attempts) == (State.SUCCEEDED, 1)
+        assert len(b.attempts(record.reference)) == 1
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_first_try_answer_is_one_statement(outbox_path: Path) -> None:
+    """SQLite: a new intent and its first-try answer are one autocommit statement each."""
+    store = SQLiteStore(outbox_path, durability="normal")
+    trace: list[str] = []
+    store._conn.set_trace_callback(trace.append)
+    opened = store.open_intent(new_intent(), owner="a", now=1000.0, lease_for=10)
+    assert answer(store, opened.lease) is True
+    store.close()
+    statements = [s.split(" ")[0] for s in trace if not s.startswith("PRAGMA")]
+    assert statements == ["INSERT", "UPDATE"]
+
+
 def test_expired_lease_is_taken_over_and_the_old_owner_is_fenced(outbox: str) -> None:
     """After a lease expires another owner claims it; the old owner's writes are refused."""
     a, b = open_store(outbox), open_store(outbox)
@@ -262,13 +308,14 @@ def test_write_ahead_is_full_sync_and_a_2xx_record_is_not(outbox_path: Path) -> 
     store._conn.set_trace_callback(trace.append)
     opened = store.open_intent(new_intent(), owner="a", now=1000.0, lease_for=10)
     assert opened.lease is not None
-    write_ahead = trace[: trace.index("COMMIT") + 1]
+    write_ahead = list(trace)
     trace.clear()
     succeed(store, opened.lease, durable=False)
     completion = list(trace)
     store.close()
     assert write_ahead[0] == "PRAGMA synchronous = FULL"
-    assert any(s.startswith("INSERT INTO intents") for s in write_ahead)
+    # A new intent is one INSERT: its own transaction (autocommit), no BEGIN/COMMIT.
+    assert [s.split(" (")[0] for s in write_ahead[1:]] == ["INSERT INTO intents"]
     assert completion[0] == "PRAGMA synchronous = NORMAL"
 
 

@@ -65,6 +65,17 @@ class SQLStore(StoreBase):
         unique violation as one of :attr:`integrity_errors`.
         """
 
+    def _write_alone(self, durable: bool) -> AbstractContextManager[Any]:
+        """A write of ONE statement; yields a connection. By default a transaction (:meth:`_write`).
+
+        A backend may run the statement as its own transaction instead (SQLite's
+        autocommit: no BEGIN and COMMIT statements). The statement's result must
+        be read to its end (``fetchall``) inside the block: that is its commit.
+        :meth:`_ended` is called inside the block too, so a backend that notifies
+        waiters must keep this a transaction.
+        """
+        return self._write(durable)
+
     @abstractmethod
     def _read(self, query: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         """Run one spelled SELECT outside any write; driver errors leave as ``OutboxError``."""
@@ -272,6 +283,13 @@ class SQLStore(StoreBase):
             tuple(row),
         )
         try:
+            if not new.key_given:
+                # The common case, a new intent, is one statement: its own transaction
+                # where the backend allows. Any conflict is read and decided below.
+                with self._write_alone(durable=True) as conn:
+                    inserted = conn.execute(insert, tuple(row.values())).fetchall()
+                if inserted:
+                    return decide.created(new, int(inserted[0][0]), lease, now)
             with self._write(durable=True) as conn:
                 if new.key_given and self._key_held(conn, new):
                     raise IntentConflict(decide.KEY_TAKEN, reference=new.reference, key=new.key)
@@ -291,6 +309,22 @@ class SQLStore(StoreBase):
     def _record(
         self, lease: Lease, attempt: AttemptRecord, changes: decide.Changes, *, durable: bool
     ) -> bool:
+        if decide.carried(1, attempt, changes):
+            # A first attempt the intent row carries is one statement (its own
+            # transaction where the backend allows); any later attempt matches
+            # no row here and is recorded with its attempts row below.
+            first = self._shaped(
+                "UPDATE {intents} SET {sets}, attempts = 1"
+                " WHERE id = ? AND claim_token = ? AND attempts = 0 RETURNING id",
+                tuple(changes),
+            )
+            with self._write_alone(durable=durable) as conn:
+                done = conn.execute(
+                    first, (*changes.values(), lease.intent_id, lease.token)
+                ).fetchall()
+                if done:
+                    self._ended(conn, lease.intent_id, changes)
+                    return True
         update = self._shaped(
             "UPDATE {intents} SET {sets}, attempts = attempts + 1"
             " WHERE id = ? AND claim_token = ? RETURNING attempts",

@@ -171,6 +171,27 @@ class SQLiteStore(SQLStore):
                 raise OutboxError(f"outbox write failed at {self.path}: {exc}") from exc
 
     @contextmanager
+    def _write_alone(self, durable: bool) -> Iterator[sqlite3.Connection]:
+        """One statement as its own transaction (autocommit): no BEGIN and COMMIT statements.
+
+        As safe as ``BEGIN IMMEDIATE``: a statement that writes takes the write
+        lock before it reads, and waits for it under the busy timeout. Inside a
+        batch it is one more operation of the batch's transaction.
+        """
+        if getattr(self._local, "batch", None) is not None:
+            with self._write(durable) as conn:
+                yield conn
+            return
+        with self._lock:
+            try:
+                self._set_sync(durable)
+                yield self._conn
+            except sqlite3.IntegrityError:
+                raise
+            except sqlite3.Error as exc:
+                raise OutboxError(f"outbox write failed at {self.path}: {exc}") from exc
+
+    @contextmanager
     def _savepoint(self) -> Iterator[sqlite3.Connection]:
         """One operation of a batch: undone alone if it fails, the batch goes on."""
         conn = self._conn
