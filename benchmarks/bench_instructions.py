@@ -1,0 +1,146 @@
+"""CPU instructions per call, counted by valgrind: raw httpx, the durable floor, postonce.
+
+Run from the repository root (valgrind must be installed; ~3 minutes)::
+
+    .venv/bin/python benchmarks/bench_instructions.py
+
+Wall-clock figures on a shared machine move with the neighbours. An
+instruction count does not: ``valgrind --tool=callgrind`` counts the
+instructions the client process executes, the same for the same code and
+inputs whatever else the machine runs. It does not count time spent waiting
+(the server, the disk, the kernel's side of a syscall), so it measures what
+postonce adds in CPU, which is what its hot-path work costs, and is blind to
+fsync and page-write waits (``bench_wal.py`` counts the pages; ``bench_sync.py``
+times everything).
+
+Each arm runs in its own process under callgrind, against the loopback server
+of ``bench_sync.py`` (not instrumented): ``--warmup`` calls, then ``N`` calls.
+It runs twice, with ``N = --calls`` and ``N = 3 * --calls``; the difference of
+the two totals divided by ``2 * --calls`` is the per-call figure, with the
+start-up (imports, schema) cancelled out. Arms:
+
+* ``raw``: ``httpx.Client.post(url, json=body, headers={"Idempotency-Key": uuid4})``;
+* ``floor``: ``benchmarks/floor.py`` with ``synchronous=NORMAL``;
+* ``postonce``: ``postonce.Client(durability="normal").post_once(url, json=body)``.
+
+Prints thousands of instructions per call and the ratios. Asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_sync import BODY, run_main, start_server
+
+ARMS = ("raw", "floor", "postonce")
+
+
+def _arm_call(arm: str, url: str, workdir: Path) -> Callable[[], object]:
+    """The call one arm makes (in the instrumented child process)."""
+    if arm == "raw":
+        http = httpx.Client()
+        return lambda: http.post(url, json=BODY, headers={"Idempotency-Key": str(uuid.uuid4())})
+    if arm == "floor":
+        from floor import Floor
+
+        floor = Floor(workdir / "floor.sqlite3", "NORMAL", httpx.Client())
+        return lambda: floor.post_once(url, BODY)
+    import postonce
+
+    client = postonce.Client(outbox=workdir / "outbox.sqlite3", durability="normal")
+    return lambda: client.post_once(url, json=BODY)
+
+
+def child(arm: str, url: str, warmup: int, calls: int) -> None:
+    """Make ``warmup`` then ``calls`` calls of ``arm`` (run under callgrind)."""
+    workdir = Path(tempfile.mkdtemp(prefix=".tmp-instr-", dir=Path(__file__).resolve().parent))
+    try:
+        call = _arm_call(arm, url, workdir)
+        for _ in range(warmup + calls):
+            call()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _collected(arm: str, url: str, warmup: int, calls: int) -> int:
+    """Instructions the child executed, as callgrind's summary line reports them."""
+    valgrind = shutil.which("valgrind")
+    assert valgrind is not None
+    done = subprocess.run(
+        [
+            valgrind,
+            "--tool=callgrind",
+            "--callgrind-out-file=/dev/null",
+            sys.executable,
+            __file__,
+            "--child",
+            arm,
+            url,
+            str(warmup),
+            str(calls),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    found = re.search(r"Collected : (\d+)", done.stderr)
+    if done.returncode != 0 or found is None:
+        raise RuntimeError(f"callgrind run of {arm} failed:\n{done.stderr[-2000:]}")
+    return int(found.group(1))
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=100, help="N of the shorter run (default 100)")
+    parser.add_argument("--warmup", type=int, default=30, help="uncounted calls first (default 30)")
+    parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated subset of arms")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--child":
+        arm, url, warmup, calls = sys.argv[2:6]
+        child(arm, url, int(warmup), int(calls))
+        return 0
+    args = parse_args(argv)
+    if shutil.which("valgrind") is None:
+        print("valgrind is not installed: nothing to count")
+        return 1
+    arms = [arm for arm in args.arms.split(",") if arm]
+    server = start_server(None)
+    try:
+        print(f"python: {sys.version.split()[0]}  httpx: {httpx.__version__}  server: {server.url}")
+        print(f"calls: {args.calls} and {3 * args.calls} after {args.warmup} warm-up, per arm")
+        per_call: dict[str, float] = {}
+        for arm in arms:
+            short = _collected(arm, server.url, args.warmup, args.calls)
+            long = _collected(arm, server.url, args.warmup, 3 * args.calls)
+            per_call[arm] = (long - short) / (2 * args.calls)
+            print(f"{arm:10s} {per_call[arm] / 1000:8.1f} k instructions per call", flush=True)
+    finally:
+        server.stop()
+    raw, floor, ours = (per_call.get(arm) for arm in ARMS)
+    parts = []
+    if ours is not None and raw:
+        parts.append(f"postonce/raw x{ours / raw:.2f}")
+    if ours is not None and floor:
+        parts.append(f"postonce/floor x{ours / floor:.2f}")
+    if ours is not None and raw and floor:
+        parts.append(f"postonce - floor {(ours - floor) / 1000:.0f}k")
+    print("SUMMARY instructions per call: " + ", ".join(parts))
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)
