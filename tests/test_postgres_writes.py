@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -173,7 +174,7 @@ def test_one_refused_write_in_a_group_fails_alone(store: PostgresStore) -> None:
     claimed = store.claim_due(owner="drain/1", now=1010.0, limit=2, lease_for=30.0)
     fenced = store._shaped(
         "WITH u AS (UPDATE {intents} SET note = ? WHERE id = ? AND claim_token = ? RETURNING id)"
-        " SELECT 1 FROM u",
+        " SELECT 1, set_config('synchronous_commit', ?, true) FROM u",
         ("note",),
     )
     good = [
@@ -181,10 +182,10 @@ def test_one_refused_write_in_a_group_fails_alone(store: PostgresStore) -> None:
         for o in claimed
         if o.lease is not None
     ]
-    bad = _Queued("SELECT 1 / 0", (), durable=False)  # a data exception: 22012
+    bad = _Queued("SELECT 1 / 0, %s", (), durable=False)  # a data exception: 22012
     store._commit_group([good[0], bad, good[1]])
     assert all(q.finished for q in (*good, bad))
-    assert [q.result() for q in good] == [(1,), (1,)]
+    assert [q.result() for q in good] == [(1, "off"), (1, "off")]
     with pytest.raises(OutboxError, match="division by zero") as refused:
         bad.result()
     assert isinstance(refused.value.__cause__, psycopg.errors.DivisionByZero)
@@ -265,17 +266,53 @@ def test_a_lost_connection_fails_every_write_of_its_group(
     tries: list[bool] = []
 
     @contextmanager
-    def lost(durable: bool) -> Iterator[psycopg.Connection[Any]]:
-        tries.append(durable)
+    def lost() -> Iterator[psycopg.Connection[Any]]:
+        tries.append(True)
         cause = psycopg.OperationalError("server closed the connection unexpectedly")
         raise OutboxError(f"PostgreSQL outbox failed: {cause}") from cause
         yield  # a generator, as the real one
 
-    monkeypatch.setattr(store, "_pipelined", lost)
+    monkeypatch.setattr(store, "_connection", lost)
     queued = [_Queued("SELECT 1", (), durable=False), _Queued("SELECT 2", (), durable=True)]
     store._commit_group(queued)
-    assert tries == [True]  # once, as durable as its most durable write; never one by one
+    assert tries == [True]  # once: never one by one
     for q in queued:
         assert q.finished
         with pytest.raises(OutboxError, match="server closed"):
             q.result()
+
+
+def wal_syncs(store: PostgresStore) -> int:
+    """WAL flushes so far, as the server counts them, with ``store``'s own reported.
+
+    A backend reports its statistics when it goes idle, at most once a second:
+    after a second, one more statement on ``store``'s connection reports them.
+    """
+    time.sleep(1.1)
+    store._read("SELECT 1", ())
+    time.sleep(0.1)
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        row = conn.execute("SELECT wal_sync FROM pg_stat_wal").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_a_record_is_as_durable_as_asked(store: PostgresStore, durable: bool) -> None:
+    """A durable record waits for its WAL flush; a repairable one does not (one statement each)."""
+    due_intents(store, 30)
+    claimed = store.claim_due(owner="drain/1", now=1010.0, limit=30, lease_for=30.0)
+    base, schema = split_schema(f"{PG_URL}?schema={store.schema}")
+    alone = PostgresStore(base, schema=schema, min_size=1, max_size=1)
+    try:
+        before = wal_syncs(alone)
+        for opened in claimed:
+            assert opened.lease is not None
+            assert record(alone, opened.lease, durable=durable)
+        flushed = wal_syncs(alone) - before
+    finally:
+        alone.close()
+    if durable:
+        assert flushed >= 30
+    else:
+        assert flushed < 15  # the WAL writer's own, a few a second

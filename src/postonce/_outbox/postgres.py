@@ -57,6 +57,11 @@ TERMINAL_VALUES = frozenset(state.value for state in TERMINAL)
 #: retried one write at a time, so one bad write fails alone.
 _REFUSED = ("22", "23", "40")
 
+#: Ends each statement a group commits; its parameter ("on"/"off") is added by the
+#: group. Local to the transaction, which for a statement alone in autocommit is
+#: the statement's own: evaluated before the commit it governs.
+_DURABILITY = "set_config('synchronous_commit', %s, true)"
+
 
 @dataclass(eq=False)
 class _Queued:
@@ -326,15 +331,32 @@ class PostgresStore(SQLStore):
     # -- the drain's hot moves, in few round trips -------------------------
 
     def _commit_group(self, group: list[_Queued]) -> None:
-        """Commit ``group``'s writes in one pipelined transaction; each gets its row or error.
+        """Commit ``group``'s writes in one transaction, one round trip; each gets its row or error.
 
+        Each write is one statement whose last parameter is the commit's
+        durability (it ends in :data:`_DURABILITY`): as durable as the group's
+        most durable write. Alone, a write is a statement in autocommit, its own
+        transaction; together, they go between BEGIN and COMMIT in one pipeline.
         If the server refused one of them (the transaction certainly not
         committed), each is tried again alone, so only that one fails.
         """
+        durable = any(queued.durable for queued in group)
+        setting = "on" if durable and self.durability == "full" else "off"
         try:
-            with self._pipelined(any(queued.durable for queued in group)) as conn:
-                cursors = [conn.execute(queued.query, queued.params) for queued in group]
-            rows = [cursor.fetchone() for cursor in cursors]
+            with self._connection() as conn:
+                if len(group) == 1:
+                    (queued,) = group
+                    rows = [conn.execute(queued.query, (*queued.params, setting)).fetchone()]
+                else:
+                    try:
+                        with conn.pipeline():
+                            conn.execute("BEGIN")
+                            cursors = [conn.execute(q.query, (*q.params, setting)) for q in group]
+                            conn.execute("COMMIT")
+                    except BaseException:
+                        self._abort(conn)
+                        raise
+                    rows = [cursor.fetchone() for cursor in cursors]
         except (OutboxError, psycopg.Error) as exc:
             cause = exc.__cause__ if isinstance(exc, OutboxError) else exc
             sqlstate = getattr(cause, "sqlstate", None) or ""
@@ -375,7 +397,7 @@ class PostgresStore(SQLStore):
                 " WHERE id = %s AND claim_token = %s RETURNING id, attempts),"
                 f" a AS (INSERT INTO {{attempts}} ({', '.join(attempt_row)})"
                 f" SELECT {values} FROM u)"
-                f" SELECT u.attempts{told} FROM u"
+                f" SELECT u.attempts{told}, {_DURABILITY} FROM u"
             )
         return query
 
@@ -402,7 +424,7 @@ class PostgresStore(SQLStore):
         told = ", pg_notify(%s, u.id::text)" if changes.get("state") in TERMINAL_VALUES else ""
         query = self._shaped(
             "WITH u AS (UPDATE {intents} SET {sets} WHERE id = ? AND claim_token = ? RETURNING id)"
-            f" SELECT 1{told} FROM u",
+            f" SELECT 1{told}, {_DURABILITY} FROM u",
             tuple(changes),
         )
         params = (*changes.values(), lease.intent_id, lease.token)
