@@ -190,7 +190,7 @@ class PostgresStore(SQLStore):
             ) from exc
         try:
             self._migrate()
-            self._attempt_types = self._column_types(self._tables["attempts"])
+            self._types = self._column_types()
         except BaseException:
             self._pool.close()
             raise
@@ -212,14 +212,19 @@ class PostgresStore(SQLStore):
         with self._connection() as conn:
             migrate(conn, self.schema, create=self._create, where=self._where)
 
-    def _column_types(self, table: str) -> dict[str, str]:
-        """Each column of ``table`` and its type, spelled as a cast."""
+    def _column_types(self) -> dict[str, dict[str, str]]:
+        """Each table's columns and their types, spelled as casts."""
         rows = self._read(
-            "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute"
-            " WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped",
-            (table,),
+            "SELECT attrelid::regclass::text, attname, format_type(atttypid, atttypmod)"
+            " FROM pg_attribute WHERE attrelid IN (%s::regclass, %s::regclass)"
+            " AND attnum > 0 AND NOT attisdropped",
+            (self._tables["intents"], self._tables["attempts"]),
         )
-        return {str(name): str(kind) for name, kind in rows}
+        types: dict[str, dict[str, str]] = {"intents": {}, "attempts": {}}
+        names = {"intents": "intents", "attempts": "attempts"}
+        for table, name, kind in rows:
+            types[names[str(table).rsplit(".", 1)[-1].strip('"')]][str(name)] = str(kind)
+        return types
 
     @contextmanager
     def _connection(self) -> Iterator[psycopg.Connection[Any]]:
@@ -388,7 +393,7 @@ class PostgresStore(SQLStore):
             sets = ", ".join(f"{column} = %s" for column in changes)
             # Typed: a parameter in a SELECT list is not typed by the column it fills.
             values = ", ".join(
-                "u.attempts" if column == "number" else f"%s::{self._attempt_types[column]}"
+                "u.attempts" if column == "number" else f"%s::{self._types['attempts'][column]}"
                 for column in attempt_row
             )
             told = ", pg_notify(%s, u.id::text)" if notify else ""
@@ -438,18 +443,27 @@ class PostgresStore(SQLStore):
         if getattr(self._local, "conn", None) is not None:
             return super()._claim(due_by=due_by, now=now, limit=limit, take=take, mine=mine)
         claimed: list[Opened] = []
-        updates: list[tuple[Any, ...]] = []
-        sets = ""
-        # BEGIN goes with the first read; the UPDATEs with the COMMIT.
+        taken: list[decide.Changes] = []
+        # BEGIN goes with the first read; the UPDATE with the COMMIT.
         with self._pipelined(durable=True) as conn:
             for row in self._due_rows(conn, due_by=due_by, now=now, limit=limit, mine=mine):
                 opened, changes = take(decode_row(row))
                 claimed.append(opened)
-                updates.append((*changes.values(), opened.record.id))
-                sets = ", ".join(f"{column} = %s" for column in changes)
-            if updates:
-                conn.cursor().executemany(
-                    self._sql(f"UPDATE {{intents}} SET {sets} WHERE id = %s"), updates
+                taken.append({**changes, "id": opened.record.id})
+            if taken:
+                columns = tuple(taken[0])
+                if any(tuple(changes) != columns for changes in taken):
+                    raise ValueError("a claim's rows change different columns")
+                # One statement for the batch: each column's values as one array.
+                types = self._types["intents"]
+                arrays = ", ".join(f"?::{types[column]}[]" for column in columns)
+                sets = ", ".join(f"{column} = v.{column}" for column in columns if column != "id")
+                conn.execute(
+                    self._sql(
+                        f"UPDATE {{intents}} AS i SET {sets}"
+                        f" FROM unnest({arrays}) AS v({', '.join(columns)}) WHERE i.id = v.id"
+                    ),
+                    [[changes[column] for changes in taken] for column in columns],
                 )
         return claimed
 
@@ -496,15 +510,17 @@ class PostgresStore(SQLStore):
             return []
         # Then lock them by primary key, skipping rows another host holds, and
         # check again under the lock: another host may have claimed one since.
-        # (Joined to the list, so each row is looked up by its key.)
+        # (``id = ANY``, not a join to unnest(): with the statistics of a table
+        # just filled or adopted, the planner joined by a nested loop over a
+        # scan of every row, O(rows x candidates): 70 ms a claim at 3000 rows.
+        # ANY is a bitmap scan of the key, or one hashed scan of a small table.)
         columns = ", ".join(f"i.{name}" for name in COLUMN_NAMES)
         rows: list[tuple[Any, ...]] = conn.execute(
             self._sql(
-                f"SELECT {columns} FROM unnest(?::bigint[]) AS c(id)"
-                " JOIN {intents} AS i ON i.id = c.id"
+                f"SELECT {columns} FROM {{intents}} AS i WHERE i.id = ANY(?::bigint[])"
                 # A CASE, not ORs: the planner cannot turn it back into a scan of
                 # every due row; it filters the rows looked up by key.
-                " WHERE CASE i.state"
+                " AND CASE i.state"
                 "  WHEN 'pending' THEN i.due_at <= ? OR i.updated_at > ?"
                 f"  WHEN 'sending' THEN i.lease_expires_at <= ?{dead_i}"
                 "  ELSE false END"
