@@ -12,6 +12,7 @@ from __future__ import annotations
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,6 +29,12 @@ from postonce._outbox.locate import split_schema
 from postonce._outbox.postgres import PostgresStore, _Queued
 from tests.conftest import PG_URL, pg_schema
 from tests.test_outbox import new_intent
+
+
+@pytest.fixture
+def pg_outbox() -> Iterator[str]:
+    with pg_schema() as url:
+        yield url
 
 
 @pytest.fixture
@@ -316,3 +323,40 @@ def test_a_record_is_as_durable_as_asked(store: PostgresStore, durable: bool) ->
         assert flushed >= 30
     else:
         assert flushed < 15  # the WAL writer's own, a few a second
+
+
+def test_a_terminated_idle_connection_costs_no_failed_call(pg_outbox: str) -> None:
+    """The pool's check (a poll, no round trip) sees the FATAL a terminated backend sent."""
+    app_name = f"postonce-check-{uuid.uuid4().hex[:8]}"
+    base, schema = split_schema(f"{pg_outbox}&application_name={app_name}")
+    store = PostgresStore(base, schema=schema, min_size=1, max_size=1)
+    try:
+        assert store.get("nothing") is None
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            (pid,) = conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (app_name,)
+            ).fetchone() or (None,)
+            assert pid is not None
+            conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            for _ in range(100):  # until the backend has gone (its FATAL sent)
+                gone = conn.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,))
+                if gone.fetchone() is None:
+                    break
+                time.sleep(0.05)
+        assert store.get("nothing") is None  # no OutboxError: the pool replaced it
+    finally:
+        store.close()
+
+
+def test_a_quiet_connection_is_checked_without_a_round_trip(store: PostgresStore) -> None:
+    """With check_connections (the default), a record is still one round trip."""
+    due_intents(store, 1)
+    (opened,) = store.claim_due(owner="drain/1", now=1010.0, limit=1, lease_for=30.0)
+    lease = opened.lease
+    assert lease is not None
+    base, schema = split_schema(f"{PG_URL}?schema={store.schema}")
+    checked = PostgresStore(base, schema=schema, min_size=1, max_size=1)
+    try:
+        assert round_trips(checked, lambda: record(checked, lease)) == 1
+    finally:
+        checked.close()

@@ -26,6 +26,7 @@ that threads make at the same time are committed together (group commit).
 
 from __future__ import annotations
 
+import select
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -61,6 +62,40 @@ _REFUSED = ("22", "23", "40")
 #: group. Local to the transaction, which for a statement alone in autocommit is
 #: the statement's own: evaluated before the commit it governs.
 _DURABILITY = "set_config('synchronous_commit', %s, true)"
+
+
+def _quiet(conn: psycopg.Connection[Any]) -> bool:
+    """Nothing has arrived from the server since the connection went idle.
+
+    A server that restarts, or a backend terminated, sends its connections a
+    FATAL message and closes them: their sockets turn readable. An idle
+    connection in autocommit is sent nothing else here (no LISTEN on pooled
+    connections), so a quiet socket is a live connection as far as anything
+    but a round trip can tell, and a round trip would be stale a moment later.
+    """
+    try:
+        if conn.pgconn.status != psycopg.pq.ConnStatus.OK:
+            return False
+        fd = conn.pgconn.socket
+        if hasattr(select, "poll"):
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            return not poller.poll(0)
+        readable, _, _ = select.select([fd], [], [], 0)  # Windows: no poll()
+        return not readable
+    except (OSError, ValueError, psycopg.Error):
+        return False
+
+
+def _check_connection(conn: psycopg.Connection[Any]) -> None:
+    """The pool's check before it hands a connection out: a round trip only if one is due.
+
+    A connection the server has written to while it sat idle (a FATAL before
+    closing, most likely) is tested with an empty query; the pool replaces one
+    that fails. A quiet one is handed out at the cost of a poll().
+    """
+    if not _quiet(conn):
+        psycopg_pool.ConnectionPool.check_connection(conn)
 
 
 @dataclass(eq=False)
@@ -155,10 +190,12 @@ class PostgresStore(SQLStore):
     ) -> None:
         """Connect a pool to ``url`` and migrate ``schema`` (created if missing).
 
-        ``check_connections`` tests each pooled connection before use (one
-        round trip), so a database restart costs no failed call; without it,
-        the first call on a dead connection raises OutboxError and the pool
-        reconnects for the next.
+        ``check_connections`` tests each pooled connection before use, so a
+        database restart costs no failed call: a poll() of its socket, and an
+        empty query (one round trip) only if the server wrote to it while idle,
+        as a restart or a terminated backend does before closing it (see
+        :func:`_check_connection`). Without it, the first call on a dead
+        connection raises OutboxError and the pool reconnects for the next.
         """
         if durability not in ("full", "normal"):
             raise ConfigurationError(f"durability must be 'full' or 'normal', not {durability!r}")
@@ -181,7 +218,7 @@ class PostgresStore(SQLStore):
                 # outside one is a statement of its own, with nothing to roll back.
                 kwargs={"autocommit": True},
                 open=False,
-                check=psycopg_pool.ConnectionPool.check_connection if check_connections else None,
+                check=_check_connection if check_connections else None,
             )
             self._pool.open(wait=True, timeout=timeout)
         except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
