@@ -24,9 +24,10 @@ from psycopg import sql
 
 from postonce import OutboxError, State
 from postonce._intent import Outcome
+from postonce._outbox import postgres
 from postonce._outbox.base import AttemptRecord, Lease
 from postonce._outbox.locate import split_schema
-from postonce._outbox.postgres import PostgresStore, _Queued
+from postonce._outbox.postgres import PostgresStore, _GroupCommit, _Queued
 from tests.conftest import PG_URL, pg_schema
 from tests.test_outbox import new_intent
 
@@ -360,3 +361,46 @@ def test_a_quiet_connection_is_checked_without_a_round_trip(store: PostgresStore
         assert round_trips(checked, lambda: record(checked, lease)) == 1
     finally:
         checked.close()
+
+
+def test_a_writer_interrupted_while_queued_does_not_stop_the_group(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A queued write withdrawn by Ctrl-C is never committed, and the lead still goes on."""
+    committed: list[list[str]] = []
+    busy, release = threading.Event(), threading.Event()
+
+    def commit(group: list[_Queued]) -> None:
+        if not committed:  # the first group waits until the others have queued
+            busy.set()
+            release.wait(5)
+        committed.append([q.query for q in group])
+        for q in group:
+            q.row, q.finished = (q.query,), True
+
+    group = _GroupCommit(commit)
+    leader = threading.Thread(target=group.run, args=("first", (), False))
+    leader.start()
+    assert busy.wait(5)
+
+    class Interrupted(threading.Event):
+        def wait(self, timeout: float | None = None) -> bool:
+            release.set()  # the leader finishes while this writer is gone
+            raise KeyboardInterrupt
+
+    class Queued(_Queued):
+        def __init__(self, query: str, params: tuple[Any, ...], durable: bool) -> None:
+            super().__init__(query, params, durable)
+            if query == "interrupted":
+                self.done = Interrupted()
+
+    monkeypatch.setattr(postgres, "_Queued", Queued)
+    with pytest.raises(KeyboardInterrupt):
+        group.run("interrupted", (), False)
+    leader.join(5)
+    after: list[object] = []
+    writer = threading.Thread(target=lambda: after.append(group.run("after", (), False)))
+    writer.start()
+    writer.join(5)
+    assert after == [("after",)]  # the lead was not lost with the withdrawn write
+    assert committed == [["first"], ["after"]]

@@ -142,7 +142,15 @@ class _GroupCommit:
             lead = not self._leading
             self._leading = True
         if not lead:
-            mine.done.wait()
+            try:
+                mine.done.wait()
+            except BaseException:  # interrupted (Ctrl-C): withdraw it, unless being committed
+                with self._lock:
+                    if mine in self._queue:
+                        self._queue.remove(mine)
+                        if mine.lead:  # the lead it was handed goes on
+                            self._pass_lead()
+                raise
             if mine.finished:
                 return mine.result()
         # The lead: commit a group that starts with this write.
@@ -153,17 +161,21 @@ class _GroupCommit:
             self._commit(group)
         finally:
             with self._lock:
-                if self._queue:
-                    self._queue[0].lead = True
-                    self._queue[0].done.set()
-                else:
-                    self._leading = False
+                self._pass_lead()
             for queued in group:
                 if not queued.finished:  # the commit was interrupted: its outcome is unknown
                     queued.error = OutboxError("the group commit of this write was interrupted")
                     queued.finished = True
                 queued.done.set()
         return mine.result()
+
+    def _pass_lead(self) -> None:
+        """Hand the lead to the oldest queued write, or give it up (holding the lock)."""
+        if self._queue:
+            self._queue[0].lead = True
+            self._queue[0].done.set()
+        else:
+            self._leading = False
 
 
 class PostgresStore(SQLStore):
