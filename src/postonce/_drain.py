@@ -32,7 +32,7 @@ from ._exceptions import (
 from ._intent import State
 from ._outbox.base import Census, Opened
 
-__all__ = ["JUST_BEFORE", "DrainReport", "Tally", "claim_failed", "run_drain"]
+__all__ = ["JUST_BEFORE", "DrainReport", "Tally", "claim_failed", "next_batch", "run_drain"]
 
 logger = logging.getLogger("postonce")
 
@@ -40,6 +40,14 @@ logger = logging.getLogger("postonce")
 # it defers with a zero wait is not taken again in the same drain, however
 # coarse the clock.
 JUST_BEFORE = 1e-6
+
+#: A drain claims about this many seconds of its own work at once (at least
+#: ``concurrency * 4`` and 16 intents, at most 256): one durable claim commit
+#: serves more sends when sends are quick, while a claimed intent still waits
+#: for its send far less than a lease lasts (and the flow renews a lease that
+#: has run half out before it sends).
+BATCH_SECONDS = 0.25
+MOST_CLAIMED = 256
 
 
 class DrainReport(BaseModel):
@@ -168,6 +176,18 @@ def stop_on_signals(stop: threading.Event) -> Iterator[None]:
             signal.signal(sig, old)
 
 
+def next_batch(batch: int, done: int, seconds: float, least: int) -> int:
+    """How many to claim next: what the drain finished in BATCH_SECONDS at this pass's pace.
+
+    Only a full batch measures the pace (a short one was the backlog's end);
+    the batch grows at most fourfold a pass and never below ``least``.
+    """
+    if done < batch or seconds <= 0:
+        return batch
+    paced = int(done / seconds * BATCH_SECONDS)
+    return max(least, min(paced, batch * 4, MOST_CLAIMED))
+
+
 def run_drain(
     *,
     claim: Callable[[float, int], list[Opened]],
@@ -193,8 +213,10 @@ def run_drain(
     started = clock()
     began = time.monotonic()
     # Claims are durable commits: take enough at once that one commit serves many
-    # sends. The flow renews a lease that has run half out before it sends.
-    batch = min(max(16, concurrency * 4), 256)
+    # sends (see BATCH_SECONDS). The flow renews a lease that has run half out
+    # before it sends.
+    least = min(max(16, concurrency * 4), MOST_CLAIMED)
+    batch = least
 
     def one(opened: Opened) -> None:
         if stop.is_set():
@@ -219,6 +241,7 @@ def run_drain(
 
     with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="postonce-drain") as pool:
         while not stop.is_set():
+            passed = time.monotonic()
             claimed = claim_more()
             if claimed is None:
                 continue
@@ -236,4 +259,5 @@ def run_drain(
                     one(opened)
             else:
                 list(pool.map(one, claimed))
+            batch = next_batch(batch, len(claimed), time.monotonic() - passed, least)
     return tally.report(time.monotonic() - began)

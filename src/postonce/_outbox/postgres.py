@@ -15,13 +15,22 @@ the following fraction of a second, never by a crash of the application.
 The tables live in a schema of their own (default ``postonce``), migrated by
 the SQL files in ``migrations/postgres``, with the version stored in
 ``<schema>.postonce_meta``.
+
+Round trips are what a drain on PostgreSQL pays for, so the hot moves send
+few: pooled connections run in autocommit (a read is one statement, no
+ROLLBACK after it); a transaction opens with its durability in one message;
+a recorded attempt is one statement (the fenced UPDATE, the attempts row and
+the NOTIFY), sent with its BEGIN and COMMIT in one pipeline; and records
+that threads make at the same time are committed together (group commit).
 """
 
 from __future__ import annotations
 
+import select
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -31,15 +40,142 @@ from psycopg import sql
 from .._engine import CLOCK_TOLERANCE
 from .._exceptions import ConfigurationError, IntentConflict, OutboxError
 from .._intent import TERMINAL
+from . import decide
+from .base import AttemptRecord, Lease, Opened
 from .migrations.postgres import MIGRATIONS, SCHEMA_VERSION, migrate, migrations
-from .rows import COLUMN_NAMES, needs_durable
+from .rows import COLUMN_NAMES, decode_row, needs_durable
 from .sql import SQLStore
 from .sqlite import Durability
-from .store import Mine
+from .store import Mine, Take
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "PostgresStore", "migrations"]
 
 TERMINAL_VALUES = frozenset(state.value for state in TERMINAL)
+
+#: SQLSTATE classes of a statement the server refused, leaving the transaction
+#: certainly uncommitted and the connection usable: data, integrity, and
+#: rollback (deadlock, serialization) errors. A group that fails with one is
+#: retried one write at a time, so one bad write fails alone.
+_REFUSED = ("22", "23", "40")
+
+#: Ends each statement a group commits; its parameter ("on"/"off") is added by the
+#: group. Local to the transaction, which for a statement alone in autocommit is
+#: the statement's own: evaluated before the commit it governs.
+_DURABILITY = "set_config('synchronous_commit', %s, true)"
+
+
+def _quiet(conn: psycopg.Connection[Any]) -> bool:
+    """Nothing has arrived from the server since the connection went idle.
+
+    A server that restarts, or a backend terminated, sends its connections a
+    FATAL message and closes them: their sockets turn readable. An idle
+    connection in autocommit is sent nothing else here (no LISTEN on pooled
+    connections), so a quiet socket is a live connection as far as anything
+    but a round trip can tell, and a round trip would be stale a moment later.
+    """
+    try:
+        if conn.pgconn.status != psycopg.pq.ConnStatus.OK:
+            return False
+        fd = conn.pgconn.socket
+        if hasattr(select, "poll"):
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            return not poller.poll(0)
+        readable, _, _ = select.select([fd], [], [], 0)  # Windows: no poll()
+        return not readable
+    except (OSError, ValueError, psycopg.Error):
+        return False
+
+
+def _check_connection(conn: psycopg.Connection[Any]) -> None:
+    """The pool's check before it hands a connection out: a round trip only if one is due.
+
+    A connection the server has written to while it sat idle (a FATAL before
+    closing, most likely) is tested with an empty query; the pool replaces one
+    that fails. A quiet one is handed out at the cost of a poll().
+    """
+    if not _quiet(conn):
+        psycopg_pool.ConnectionPool.check_connection(conn)
+
+
+@dataclass(eq=False)
+class _Queued:
+    """One fenced write waiting for its group's commit."""
+
+    query: str
+    params: tuple[Any, ...]
+    durable: bool
+    done: threading.Event = field(default_factory=threading.Event)
+    finished: bool = False
+    lead: bool = False  # handed the lead: commit the next group
+    row: tuple[Any, ...] | None = None
+    error: BaseException | None = None
+
+    def result(self) -> tuple[Any, ...] | None:
+        if self.error is not None:
+            raise self.error
+        return self.row
+
+
+class _GroupCommit:
+    """Fenced writes from many threads, committed together in one transaction.
+
+    The first thread to write leads: it commits what is queued (its own write
+    first) in one pipelined transaction while later writers queue, then hands
+    the lead to the oldest of those. A writer returns only once its write is
+    committed (or failed), as with a transaction of its own. Alone, a writer
+    commits its write by itself at once: nothing waits for company.
+    """
+
+    def __init__(self, commit: Callable[[list[_Queued]], None], most: int = 64) -> None:
+        self._commit = commit
+        self._most = most
+        self._lock = threading.Lock()
+        self._queue: list[_Queued] = []
+        self._leading = False
+
+    def run(self, query: str, params: tuple[Any, ...], durable: bool) -> tuple[Any, ...] | None:
+        """The first row ``query`` answered, once committed; None if it answered none."""
+        mine = _Queued(query, params, durable)
+        with self._lock:
+            self._queue.append(mine)
+            lead = not self._leading
+            self._leading = True
+        if not lead:
+            try:
+                mine.done.wait()
+            except BaseException:  # interrupted (Ctrl-C): withdraw it, unless being committed
+                with self._lock:
+                    if mine in self._queue:
+                        self._queue.remove(mine)
+                        if mine.lead:  # the lead it was handed goes on
+                            self._pass_lead()
+                raise
+            if mine.finished:
+                return mine.result()
+        # The lead: commit a group that starts with this write.
+        with self._lock:
+            group = self._queue[: self._most]
+            del self._queue[: self._most]
+        try:
+            self._commit(group)
+        finally:
+            with self._lock:
+                self._pass_lead()
+            for queued in group:
+                if not queued.finished:  # the commit was interrupted: its outcome is unknown
+                    queued.error = OutboxError("the group commit of this write was interrupted")
+                    queued.finished = True
+                queued.done.set()
+        return mine.result()
+
+    def _pass_lead(self) -> None:
+        """Hand the lead to the oldest queued write, or give it up (holding the lock)."""
+        if self._queue:
+            self._queue[0].lead = True
+            self._queue[0].done.set()
+        else:
+            self._leading = False
 
 
 class PostgresStore(SQLStore):
@@ -66,10 +202,12 @@ class PostgresStore(SQLStore):
     ) -> None:
         """Connect a pool to ``url`` and migrate ``schema`` (created if missing).
 
-        ``check_connections`` tests each pooled connection before use (one
-        round trip), so a database restart costs no failed call; without it,
-        the first call on a dead connection raises OutboxError and the pool
-        reconnects for the next.
+        ``check_connections`` tests each pooled connection before use, so a
+        database restart costs no failed call: a poll() of its socket, and an
+        empty query (one round trip) only if the server wrote to it while idle,
+        as a restart or a terminated backend does before closing it (see
+        :func:`_check_connection`). Without it, the first call on a dead
+        connection raises OutboxError and the pool reconnects for the next.
         """
         if durability not in ("full", "normal"):
             raise ConfigurationError(f"durability must be 'full' or 'normal', not {durability!r}")
@@ -80,15 +218,19 @@ class PostgresStore(SQLStore):
         self.durability: Durability = durability
         self._create = create
         self._local = threading.local()
+        self._group = _GroupCommit(self._commit_group)
+        self._records: dict[tuple[Any, ...], str] = {}
         try:
             self._pool = psycopg_pool.ConnectionPool(
                 url,
                 min_size=min_size,
                 max_size=max_size,
                 timeout=timeout,
-                kwargs={"autocommit": False},
+                # Transactions are opened explicitly (see _transaction); a read
+                # outside one is a statement of its own, with nothing to roll back.
+                kwargs={"autocommit": True},
                 open=False,
-                check=psycopg_pool.ConnectionPool.check_connection if check_connections else None,
+                check=_check_connection if check_connections else None,
             )
             self._pool.open(wait=True, timeout=timeout)
         except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
@@ -97,6 +239,7 @@ class PostgresStore(SQLStore):
             ) from exc
         try:
             self._migrate()
+            self._types = self._column_types()
         except BaseException:
             self._pool.close()
             raise
@@ -118,6 +261,20 @@ class PostgresStore(SQLStore):
         with self._connection() as conn:
             migrate(conn, self.schema, create=self._create, where=self._where)
 
+    def _column_types(self) -> dict[str, dict[str, str]]:
+        """Each table's columns and their types, spelled as casts."""
+        rows = self._read(
+            "SELECT attrelid::regclass::text, attname, format_type(atttypid, atttypmod)"
+            " FROM pg_attribute WHERE attrelid IN (%s::regclass, %s::regclass)"
+            " AND attnum > 0 AND NOT attisdropped",
+            (self._tables["intents"], self._tables["attempts"]),
+        )
+        types: dict[str, dict[str, str]] = {"intents": {}, "attempts": {}}
+        names = {"intents": "intents", "attempts": "attempts"}
+        for table, name, kind in rows:
+            types[names[str(table).rsplit(".", 1)[-1].strip('"')]][str(name)] = str(kind)
+        return types
+
     @contextmanager
     def _connection(self) -> Iterator[psycopg.Connection[Any]]:
         """A pooled connection; a broken one is discarded and the error named."""
@@ -130,6 +287,52 @@ class PostgresStore(SQLStore):
             raise OutboxError(f"PostgreSQL outbox at {self._where} failed: {exc}") from exc
 
     @contextmanager
+    def _transaction(self, conn: psycopg.Connection[Any], durable: bool) -> Iterator[None]:
+        """BEGIN with the commit's durability (one message); COMMIT, or ROLLBACK on error.
+
+        A ``conn.transaction()`` inside is a savepoint.
+        """
+        # Two statements in one message (the simple protocol): one round trip.
+        conn.execute(f"BEGIN; {self._sync_setting(durable)}", prepare=False)
+        try:
+            yield
+        except BaseException:
+            self._abort(conn)
+            raise
+        conn.execute("COMMIT")
+
+    @staticmethod
+    def _abort(conn: psycopg.Connection[Any]) -> None:
+        """Roll back whatever transaction a failure left open (if the connection still works)."""
+        if conn.closed or conn.broken:
+            return
+        try:
+            if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                conn.execute("ROLLBACK")
+        except psycopg.Error:
+            pass  # the pool discards a connection it cannot reset
+
+    @contextmanager
+    def _pipelined(self, durable: bool) -> Iterator[psycopg.Connection[Any]]:
+        """One write transaction sent as a pipeline: BEGIN, its durability, the block, COMMIT.
+
+        Statements whose results are read after the block (their cursors keep
+        them) go with the BEGIN and the COMMIT in one round trip; a read inside
+        the block sends what is queued so far (one more). Once the block has
+        left, the transaction is committed: results read then are committed ones.
+        """
+        with self._connection() as conn:
+            try:
+                with conn.pipeline():
+                    conn.execute("BEGIN")
+                    conn.execute(self._sync_setting(durable))
+                    yield conn
+                    conn.execute("COMMIT")
+            except BaseException:
+                self._abort(conn)
+                raise
+
+    @contextmanager
     def _write(self, durable: bool) -> Iterator[psycopg.Connection[Any]]:
         """One write transaction, or one savepoint inside the batch this thread runs."""
         batch = getattr(self._local, "conn", None)
@@ -137,8 +340,7 @@ class PostgresStore(SQLStore):
             with batch.transaction():  # a savepoint inside the batch's transaction
                 yield batch
             return
-        with self._connection() as conn, conn.transaction():
-            conn.execute(self._sync_setting(durable))
+        with self._connection() as conn, self._transaction(conn, durable):
             yield conn
 
     def _read(self, query: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
@@ -146,9 +348,8 @@ class PostgresStore(SQLStore):
         if batch is not None:
             found: list[tuple[Any, ...]] = batch.execute(query, params).fetchall()
             return found
-        with self._connection() as conn:
+        with self._connection() as conn:  # autocommit: the statement is its own transaction
             rows: list[tuple[Any, ...]] = conn.execute(query, params).fetchall()
-            conn.rollback()
             return rows
 
     def run_batch(self, calls: list[tuple[str, dict[str, Any]]]) -> list[tuple[bool, Any]]:
@@ -156,8 +357,7 @@ class PostgresStore(SQLStore):
         durable = any(needs_durable(method, kwargs) for method, kwargs in calls)
         results: list[tuple[bool, Any]] = []
         try:
-            with self._connection() as conn, conn.transaction():
-                conn.execute(self._sync_setting(durable))
+            with self._connection() as conn, self._transaction(conn, durable):
                 self._local.conn = conn
                 try:
                     for method, kwargs in calls:
@@ -181,6 +381,140 @@ class PostgresStore(SQLStore):
             error = exc if isinstance(exc, OutboxError) else OutboxError(str(exc))
             return [(False, error) for _ in calls]
         return results
+
+    # -- the drain's hot moves, in few round trips -------------------------
+
+    def _commit_group(self, group: list[_Queued]) -> None:
+        """Commit ``group``'s writes in one transaction, one round trip; each gets its row or error.
+
+        Each write is one statement whose last parameter is the commit's
+        durability (it ends in :data:`_DURABILITY`): as durable as the group's
+        most durable write. Alone, a write is a statement in autocommit, its own
+        transaction; together, they go between BEGIN and COMMIT in one pipeline.
+        If the server refused one of them (the transaction certainly not
+        committed), each is tried again alone, so only that one fails.
+        """
+        durable = any(queued.durable for queued in group)
+        setting = "on" if durable and self.durability == "full" else "off"
+        try:
+            with self._connection() as conn:
+                if len(group) == 1:
+                    (queued,) = group
+                    rows = [conn.execute(queued.query, (*queued.params, setting)).fetchone()]
+                else:
+                    try:
+                        with conn.pipeline():
+                            conn.execute("BEGIN")
+                            cursors = [conn.execute(q.query, (*q.params, setting)) for q in group]
+                            conn.execute("COMMIT")
+                    except BaseException:
+                        self._abort(conn)
+                        raise
+                    rows = [cursor.fetchone() for cursor in cursors]
+        except (OutboxError, psycopg.Error) as exc:
+            cause = exc.__cause__ if isinstance(exc, OutboxError) else exc
+            sqlstate = getattr(cause, "sqlstate", None) or ""
+            if len(group) == 1:
+                group[0].error, group[0].finished = exc, True
+                return
+            if not sqlstate.startswith(_REFUSED):  # the group's commit is unknown: all failed
+                for queued in group:
+                    queued.error = OutboxError(str(exc))
+                    queued.error.__cause__ = cause
+                    queued.finished = True
+                return
+            for queued in group:
+                self._commit_group([queued])
+            return
+        for queued, row in zip(group, rows, strict=True):
+            queued.row, queued.finished = row, True
+
+    def _record_query(self, attempt_row: decide.Changes, changes: decide.Changes) -> str:
+        """The fenced record of an attempt as one statement, which answers the attempt's number.
+
+        The UPDATE matches only while the claim token owns the row; the attempts
+        row is written (numbered by the UPDATE) and the NOTIFY sent only if it did.
+        """
+        notify = changes.get("state") in TERMINAL_VALUES
+        key = (tuple(changes), tuple(attempt_row), notify)
+        query = self._records.get(key)
+        if query is None:
+            sets = ", ".join(f"{column} = %s" for column in changes)
+            # Typed: a parameter in a SELECT list is not typed by the column it fills.
+            values = ", ".join(
+                "u.attempts" if column == "number" else f"%s::{self._types['attempts'][column]}"
+                for column in attempt_row
+            )
+            told = ", pg_notify(%s, u.id::text)" if notify else ""
+            query = self._records[key] = self._sql(
+                f"WITH u AS (UPDATE {{intents}} SET {sets}, attempts = attempts + 1"
+                " WHERE id = %s AND claim_token = %s RETURNING id, attempts),"
+                f" a AS (INSERT INTO {{attempts}} ({', '.join(attempt_row)})"
+                f" SELECT {values} FROM u)"
+                f" SELECT u.attempts{told}, {_DURABILITY} FROM u"
+            )
+        return query
+
+    def _record(
+        self, lease: Lease, attempt: AttemptRecord, changes: decide.Changes, *, durable: bool
+    ) -> bool:
+        if getattr(self._local, "conn", None) is not None:  # inside run_batch: a savepoint
+            return super()._record(lease, attempt, changes, durable=durable)
+        row = decide.attempt_row(lease, 0, attempt)  # numbered by the statement
+        query = self._record_query(row, changes)
+        params = (
+            *changes.values(),
+            lease.intent_id,
+            lease.token,
+            *(value for column, value in row.items() if column != "number"),
+        )
+        if changes.get("state") in TERMINAL_VALUES:
+            params = (*params, self._channel)
+        return self._group.run(query, params, durable) is not None
+
+    def _fenced(self, lease: Lease, changes: decide.Changes, *, durable: bool) -> bool:
+        if getattr(self._local, "conn", None) is not None:
+            return super()._fenced(lease, changes, durable=durable)
+        told = ", pg_notify(%s, u.id::text)" if changes.get("state") in TERMINAL_VALUES else ""
+        query = self._shaped(
+            "WITH u AS (UPDATE {intents} SET {sets} WHERE id = ? AND claim_token = ? RETURNING id)"
+            f" SELECT 1{told}, {_DURABILITY} FROM u",
+            tuple(changes),
+        )
+        params = (*changes.values(), lease.intent_id, lease.token)
+        if told:
+            params = (*params, self._channel)
+        return self._group.run(query, params, durable) is not None
+
+    def _claim(
+        self, *, due_by: float, now: float, limit: int, take: Take, mine: Mine
+    ) -> list[Opened]:
+        if getattr(self._local, "conn", None) is not None:
+            return super()._claim(due_by=due_by, now=now, limit=limit, take=take, mine=mine)
+        claimed: list[Opened] = []
+        taken: list[decide.Changes] = []
+        # BEGIN goes with the first read; the UPDATE with the COMMIT.
+        with self._pipelined(durable=True) as conn:
+            for row in self._due_rows(conn, due_by=due_by, now=now, limit=limit, mine=mine):
+                opened, changes = take(decode_row(row))
+                claimed.append(opened)
+                taken.append({**changes, "id": opened.record.id})
+            if taken:
+                columns = tuple(taken[0])
+                if any(tuple(changes) != columns for changes in taken):
+                    raise ValueError("a claim's rows change different columns")
+                # One statement for the batch: each column's values as one array.
+                types = self._types["intents"]
+                arrays = ", ".join(f"?::{types[column]}[]" for column in columns)
+                sets = ", ".join(f"{column} = v.{column}" for column in columns if column != "id")
+                conn.execute(
+                    self._sql(
+                        f"UPDATE {{intents}} AS i SET {sets}"
+                        f" FROM unnest({arrays}) AS v({', '.join(columns)}) WHERE i.id = v.id"
+                    ),
+                    [[changes[column] for changes in taken] for column in columns],
+                )
+        return claimed
 
     def _due_rows(
         self, conn: psycopg.Connection[Any], *, due_by: float, now: float, limit: int, mine: Mine
@@ -225,15 +559,17 @@ class PostgresStore(SQLStore):
             return []
         # Then lock them by primary key, skipping rows another host holds, and
         # check again under the lock: another host may have claimed one since.
-        # (Joined to the list, so each row is looked up by its key.)
+        # (``id = ANY``, not a join to unnest(): with the statistics of a table
+        # just filled or adopted, the planner joined by a nested loop over a
+        # scan of every row, O(rows x candidates): 70 ms a claim at 3000 rows.
+        # ANY is a bitmap scan of the key, or one hashed scan of a small table.)
         columns = ", ".join(f"i.{name}" for name in COLUMN_NAMES)
         rows: list[tuple[Any, ...]] = conn.execute(
             self._sql(
-                f"SELECT {columns} FROM unnest(?::bigint[]) AS c(id)"
-                " JOIN {intents} AS i ON i.id = c.id"
+                f"SELECT {columns} FROM {{intents}} AS i WHERE i.id = ANY(?::bigint[])"
                 # A CASE, not ORs: the planner cannot turn it back into a scan of
                 # every due row; it filters the rows looked up by key.
-                " WHERE CASE i.state"
+                " AND CASE i.state"
                 "  WHEN 'pending' THEN i.due_at <= ? OR i.updated_at > ?"
                 f"  WHEN 'sending' THEN i.lease_expires_at <= ?{dead_i}"
                 "  ELSE false END"
