@@ -309,8 +309,11 @@ class AsyncClient(BaseClient):
                 else:
                     began = time.perf_counter()
                     ticket = thread.submit(effect.method, effect.kwargs)
-                    with anyio.CancelScope(shield=cancelled is not None):
+                    if cancelled is None:
                         value = await ticket.wait()
+                    else:  # the clean-up of a cancelled call: finished whatever comes
+                        with anyio.CancelScope(shield=True):
+                            value = await ticket.wait()
                     outbox_seconds += time.perf_counter() - began
             except cancelled_exc as exc:
                 cancelled = exc
