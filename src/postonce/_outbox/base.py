@@ -184,7 +184,14 @@ class Store(Protocol):
 
     def get(self, reference: str) -> IntentRecord | None: ...
 
-    def attempts(self, reference: str) -> list[AttemptRecord]: ...
+    def attempts(self, reference: str) -> list[AttemptRecord]:
+        """Every attempt of the intent, oldest first; [] for an unknown reference.
+
+        A first attempt that ended the intent with a stored answer is kept by the
+        intent row, not in the attempts table (``decide.carried``): it is read
+        back from the row, its start being the write-ahead's time.
+        """
+        ...
 
     def list_intents(
         self, *, state: State | None = None, limit: int | None = None
