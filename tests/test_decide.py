@@ -179,6 +179,7 @@ _ANSWER = AttemptRecord(NOW, 0.25, Outcome.FINAL, 201, None, False)
             id="first-try-final-4xx",
         ),
         pytest.param(2, _ANSWER, ANSWERED, False, id="second-attempt"),
+        pytest.param(1, _ANSWER, ANSWERED, False, id="not-the-writer-ahead"),
         pytest.param(1, replace(_ANSWER, replayed=True), ANSWERED, False, id="replayed"),
         pytest.param(
             1,
@@ -205,11 +206,21 @@ _ANSWER = AttemptRecord(NOW, 0.25, Outcome.FINAL, 201, None, False)
     ],
 )
 def test_which_attempt_the_intent_row_carries(
-    number: int, attempt: AttemptRecord, changes: decide.Changes, carried: bool
+    request: pytest.FixtureRequest,
+    number: int,
+    attempt: AttemptRecord,
+    changes: decide.Changes,
+    carried: bool,
 ) -> None:
-    assert decide.carried(number, attempt, changes) is carried
-    row = decide.attempt_row(LEASE, number, attempt, changes)
+    """Only the writer-ahead's own first attempt, ending the intent with its answer, is carried."""
+    # A claim or takeover lease is not fresh: its first send may come long after the write-ahead.
+    fresh = "not-the-writer-ahead" not in request.node.name
+    lease = replace(LEASE, fresh=fresh)
+    assert decide.carried(lease, number, attempt, changes) is carried
+    row = decide.attempt_row(lease, number, attempt, changes)
     assert (row is None) is carried
+    # A backend that keeps every attempt (PostgreSQL) always has its row.
+    assert decide.attempt_row(lease, number, attempt, changes, carry=False) is not None
 
 
 @pytest.mark.parametrize(

@@ -218,12 +218,12 @@ def test_concurrent_opens_grant_one_lease(outbox: str) -> None:
             store.close()
 
 
-def answer(store: postonce.Store, lease: Lease | None) -> bool:
-    """Record a first-try 201 with its stored answer: the attempt the intent row carries."""
+def answer(store: postonce.Store, lease: Lease | None, started_at: float = 1000.0) -> bool:
+    """Record a first-try 201 with its stored answer (carried by the writer-ahead's row)."""
     assert lease is not None
     return store.record(
         lease,
-        an_attempt(),
+        AttemptRecord(started_at, 0.1, Outcome.FINAL, 201, None, False),
         state=State.SUCCEEDED,
         anchor=1000.0,
         due_at=None,
@@ -235,18 +235,23 @@ def answer(store: postonce.Store, lease: Lease | None) -> bool:
 
 
 def test_a_carried_first_answer_is_fenced_like_any_record(outbox: str) -> None:
-    """The one-statement record of a first-try answer is refused once the lease is taken over."""
+    """The writer-ahead's record is refused once its lease is taken over.
+
+    The taker's first send comes long after the write-ahead: it keeps an
+    attempts row, so the attempt reads back with its own start time.
+    """
     a, b = open_store(outbox), open_store(outbox)
     try:
         first = a.open_intent(new_intent(), owner="a", now=1000.0, lease_for=10)
         late = b.open_intent(new_intent(), owner="b", now=1011.0, lease_for=10)
         assert late.lease is not None
         assert answer(a, first.lease) is False
-        assert answer(b, late.lease) is True
+        assert answer(b, late.lease, started_at=1012.0) is True
         record = b.get(late.record.reference)
         assert record is not None
         assert (record.state, record.attempts) == (State.SUCCEEDED, 1)
-        assert len(b.attempts(record.reference)) == 1
+        (attempt,) = b.attempts(record.reference)
+        assert (attempt.started_at, attempt.duration) == (1012.0, 0.1)
     finally:
         a.close()
         b.close()
@@ -260,8 +265,31 @@ def test_a_first_try_answer_is_one_statement(outbox_path: Path) -> None:
     opened = store.open_intent(new_intent(), owner="a", now=1000.0, lease_for=10)
     assert answer(store, opened.lease) is True
     store.close()
+    # (The trace repeats the INSERT's text once for each of schema v4's key triggers.)
     statements = [s.split(" ")[0] for s in trace if not s.startswith("PRAGMA")]
-    assert statements == ["INSERT", "UPDATE"]
+    assert list(dict.fromkeys(statements)) == ["INSERT", "UPDATE"]
+    assert statements.count("UPDATE") == 1
+
+
+def test_the_schema_refuses_a_key_the_other_kind_of_intent_holds(outbox_path: Path) -> None:
+    """Schema v4: a writer that skips postonce's checks (an older release's process that
+    opened the file before the migration) cannot give one key to two intents."""
+    SQLiteStore(outbox_path).close()
+    conn = sqlite3.connect(outbox_path, isolation_level=None)
+    insert = (
+        "INSERT INTO intents (reference, key, provider, method, url, headers, body,"
+        " fingerprint, state, created_at, updated_at)"
+        " VALUES (?, ?, 'p', 'POST', 'u', '[]', x'', 'f', 'sending', 1, 1)"
+    )
+    try:
+        assert conn.execute(insert, ("K1", "K1")).rowcount == 1  # unnamed: key is reference
+        assert conn.execute(insert, ("order-1", "K1")).rowcount == 0  # named, same key: dropped
+        assert conn.execute(insert, ("order-2", "K2")).rowcount == 1
+        assert conn.execute(insert, ("K2", "K2")).rowcount == 0  # unnamed, a named key: dropped
+        rows = conn.execute("SELECT reference, key FROM intents ORDER BY id").fetchall()
+        assert rows == [("K1", "K1"), ("order-2", "K2")]
+    finally:
+        conn.close()
 
 
 def test_expired_lease_is_taken_over_and_the_old_owner_is_fenced(outbox: str) -> None:
@@ -315,7 +343,8 @@ def test_write_ahead_is_full_sync_and_a_2xx_record_is_not(outbox_path: Path) -> 
     store.close()
     assert write_ahead[0] == "PRAGMA synchronous = FULL"
     # A new intent is one INSERT: its own transaction (autocommit), no BEGIN/COMMIT.
-    assert [s.split(" (")[0] for s in write_ahead[1:]] == ["INSERT INTO intents"]
+    # (The trace repeats the INSERT's text once for each of schema v4's key triggers.)
+    assert {s.split(" (")[0] for s in write_ahead[1:]} == {"INSERT INTO intents"}
     assert completion[0] == "PRAGMA synchronous = NORMAL"
 
 

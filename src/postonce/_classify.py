@@ -176,7 +176,7 @@ def is_replay(headers: Mapping[str, str], provider: Provider) -> bool:
     raw = getattr(headers, "raw", None)
     if raw is None:
         return any(_truthy(headers.get(name)) for name in names)
-    wanted = _lowered(names)
+    wanted = _lowered(tuple(names))  # a tuple: hashable, whatever the profile holds
     found: dict[bytes, list[str]] = {}
     for name, value in raw:
         lowered = name.lower()

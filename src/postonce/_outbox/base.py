@@ -53,6 +53,9 @@ class Lease:
     token: str
     owner: str
     expires_at: float
+    #: Taken by the write-ahead that created the intent: its first send follows
+    #: at once, from this process (``decide.carried``).
+    fresh: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -128,7 +128,7 @@ def created(new: NewIntent, intent_id: int, lease: Lease, now: float) -> Opened:
     )
     return Opened(
         record,
-        Lease(intent_id, lease.token, lease.owner, lease.expires_at),
+        Lease(intent_id, lease.token, lease.owner, lease.expires_at, fresh=True),
         created=True,
         conflict=None,
         anchor_before=None,
@@ -299,18 +299,22 @@ def recorded(
     return changes
 
 
-def carried(number: int, attempt: AttemptRecord, changes: Changes) -> bool:
+def carried(lease: Lease, number: int, attempt: AttemptRecord, changes: Changes) -> bool:
     """Whether the intent row alone keeps attempt ``number``: no attempts-table row.
 
-    True for a first attempt that ended the intent with an answer it stores
-    (the common first-try 2xx, or a final 4xx): the row's ``first_delivery_at``,
-    ``updated_at``, ``last_outcome`` and ``response_status`` say all the
-    attempt said, and :func:`carried_attempts` reads it back. A replayed answer
-    or an attempt that ended in an error keeps its row: the intent row cannot
-    say so. Saves one B-tree page per intent in the commit of its answer.
+    True for the first attempt of the process that wrote the intent ahead
+    (``lease.fresh``: its send followed the write-ahead at once) when it ended
+    the intent with an answer it stores (the common first-try 2xx, or a final
+    4xx): the row's ``first_delivery_at``, ``updated_at``, ``last_outcome`` and
+    ``response_status`` say what the attempt said, its start to within the
+    planning of one call, and :func:`carried_attempts` reads it back. A first
+    send by a drain or a takeover (long after the write-ahead), a replayed
+    answer or an attempt that ended in an error keeps its row: the intent row
+    could not say so. Saves one B-tree page per intent in the commit of its answer.
     """
     return (
-        number == 1
+        lease.fresh
+        and number == 1
         and changes.get("state") in _TERMINAL_VALUES
         and changes.get("response_status") == attempt.status
         and attempt.status is not None
@@ -330,8 +334,9 @@ def carried_attempts(
 ) -> list[AttemptRecord]:
     """The attempt an intent row carries (see :func:`carried`), for an intent with no attempt rows.
 
-    Its start is the write-ahead's time, a few microseconds before the send,
-    and its duration runs to the answer's record: the attempt as the row knows it.
+    Its start is the write-ahead's time, the planning of one call before the
+    send, and its duration runs to the answer's record: the attempt as the row
+    knows it (who sent it is the process that wrote it ahead; not kept).
     A purged intent (a tombstone) has lost its attempts, carried ones too.
     """
     if (
@@ -356,13 +361,14 @@ def carried_attempts(
 
 
 def attempt_row(
-    lease: Lease, number: int, attempt: AttemptRecord, changes: Changes
+    lease: Lease, number: int, attempt: AttemptRecord, changes: Changes, *, carry: bool = True
 ) -> Changes | None:
     """The attempts-table row of attempt ``number`` of the leased intent.
 
-    None when the intent row carries the attempt (:func:`carried`).
+    None when the intent row carries the attempt (:func:`carried`) and the
+    backend lets it (``carry``; PostgreSQL keeps every attempt with its owner).
     """
-    if carried(number, attempt, changes):
+    if carry and carried(lease, number, attempt, changes):
         return None
     return {
         "intent_id": lease.intent_id,

@@ -122,7 +122,9 @@ class MemoryOutbox(StoreBase):
                 return False
             number = int(row["attempts"]) + 1
             self._change(lease.intent_id, {**changes, "attempts": number})
-            logged = decide.attempt_row(lease, number, attempt, changes)
+            logged = decide.attempt_row(
+                lease, number, attempt, changes, carry=self.carries_first_attempt
+            )
             if logged is not None:
                 self._attempts[lease.intent_id] += (logged,)
             return True

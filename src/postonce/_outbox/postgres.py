@@ -181,6 +181,10 @@ class _GroupCommit:
 class PostgresStore(SQLStore):
     """An outbox in a PostgreSQL schema, shared by every host that can reach it."""
 
+    #: Every attempt keeps its attempts row, with the host that sent it: hosts are
+    #: many here, and the WAL-page economy of a carried first attempt is SQLite's.
+    carries_first_attempt = False
+
     placeholder = "%s"
     lock_row = " FOR UPDATE"
     skip_locked = " FOR UPDATE SKIP LOCKED"
@@ -429,16 +433,14 @@ class PostgresStore(SQLStore):
         for queued, row in zip(group, rows, strict=True):
             queued.row, queued.finished = row, True
 
-    def _record_query(
-        self, attempt_row: decide.Changes, changes: decide.Changes, carried: bool
-    ) -> str:
+    def _record_query(self, attempt_row: decide.Changes, changes: decide.Changes) -> str:
         """The fenced record of an attempt as one statement, which answers the attempt's number.
 
         The UPDATE matches only while the claim token owns the row; the attempts
         row is written (numbered by the UPDATE) and the NOTIFY sent only if it did.
         """
         notify = changes.get("state") in TERMINAL_VALUES
-        key = (tuple(changes), tuple(attempt_row), notify, carried)
+        key = (tuple(changes), tuple(attempt_row), notify)
         query = self._records.get(key)
         if query is None:
             sets = ", ".join(f"{column} = %s" for column in changes)
@@ -452,7 +454,7 @@ class PostgresStore(SQLStore):
                 f"WITH u AS (UPDATE {{intents}} SET {sets}, attempts = attempts + 1"
                 " WHERE id = %s AND claim_token = %s RETURNING id, attempts),"
                 f" a AS (INSERT INTO {{attempts}} ({', '.join(attempt_row)})"
-                f" SELECT {values} FROM u{' WHERE u.attempts <> 1' if carried else ''})"
+                f" SELECT {values} FROM u)"
                 f" SELECT u.attempts{told}, {_DURABILITY} FROM u"
             )
         return query
@@ -462,11 +464,10 @@ class PostgresStore(SQLStore):
     ) -> bool:
         if getattr(self._local, "conn", None) is not None:  # inside run_batch: a savepoint
             return super()._record(lease, attempt, changes, durable=durable)
-        # Numbered by the statement; a first attempt the intent row carries
-        # (decide.carried) writes no attempts row, as on every backend.
-        row = decide.attempt_row(lease, 0, attempt, changes)
-        assert row is not None  # attempt 0 is never carried
-        query = self._record_query(row, changes, decide.carried(1, attempt, changes))
+        # Numbered by the statement; every attempt keeps its row here.
+        row = decide.attempt_row(lease, 0, attempt, changes, carry=False)
+        assert row is not None
+        query = self._record_query(row, changes)
         params = (
             *changes.values(),
             lease.intent_id,

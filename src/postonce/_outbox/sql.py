@@ -48,6 +48,9 @@ class SQLStore(StoreBase):
     skip_locked: ClassVar[str] = ""
     #: The driver's unique-violation errors (an INSERT racing another).
     integrity_errors: ClassVar[tuple[type[Exception], ...]] = ()
+    #: A write of one statement is cheaper alone than in a transaction
+    #: (:meth:`_write_alone`): the hot path's one-statement writes take it.
+    one_statement_writes: ClassVar[bool] = False
 
     def __init__(self, intents: str, attempts: str) -> None:
         self._tables = {"intents": intents, "attempts": attempts}
@@ -247,21 +250,6 @@ class SQLStore(StoreBase):
         ).fetchone()
         return None if row is None else decode_row(row)
 
-    def _key_held(self, conn: Any, new: NewIntent) -> bool:
-        """Whether another kind of intent holds the caller-given key of ``new``.
-
-        A call without ``intent=`` has its key as its reference, so SQLite's key
-        index holds only intents named apart from their key (schema v4): the
-        reference index keeps the first kind unique, the key index the second.
-        A given key is looked up in the index of the other kind. (A minted
-        UUIDv4 cannot meet one, and the unique indexes catch the rest.)
-        """
-        if new.reference == new.key:
-            query = "SELECT 1 FROM {intents} WHERE key = ? AND key != reference LIMIT 1"
-        else:
-            query = "SELECT 1 FROM {intents} WHERE reference = ? AND key = reference LIMIT 1"
-        return self._run(conn, query, (new.key,)).fetchone() is not None
-
     # -- the Store protocol -----------------------------------------------
 
     def open_intent(
@@ -283,16 +271,14 @@ class SQLStore(StoreBase):
             tuple(row),
         )
         try:
-            if not new.key_given:
-                # The common case, a new intent, is one statement: its own transaction
-                # where the backend allows. Any conflict is read and decided below.
+            if self.one_statement_writes:
+                # The common case, a new intent, is one statement: its own
+                # transaction. Any conflict is read and decided below.
                 with self._write_alone(durable=True) as conn:
                     inserted = conn.execute(insert, tuple(row.values())).fetchall()
                 if inserted:
                     return decide.created(new, int(inserted[0][0]), lease, now)
             with self._write(durable=True) as conn:
-                if new.key_given and self._key_held(conn, new):
-                    raise IntentConflict(decide.KEY_TAKEN, reference=new.reference, key=new.key)
                 found = conn.execute(insert, tuple(row.values())).fetchone()
                 if found is not None:
                     return decide.created(new, int(found[0]), lease, now)
@@ -309,7 +295,11 @@ class SQLStore(StoreBase):
     def _record(
         self, lease: Lease, attempt: AttemptRecord, changes: decide.Changes, *, durable: bool
     ) -> bool:
-        if decide.carried(1, attempt, changes):
+        if (
+            self.one_statement_writes
+            and self.carries_first_attempt
+            and decide.carried(lease, 1, attempt, changes)
+        ):
             # A first attempt the intent row carries is one statement (its own
             # transaction where the backend allows); any later attempt matches
             # no row here and is recorded with its attempts row below.
@@ -337,7 +327,9 @@ class SQLStore(StoreBase):
             if numbered is None:
                 return False
             self._ended(conn, lease.intent_id, changes)
-            row = decide.attempt_row(lease, int(numbered[0]), attempt, changes)
+            row = decide.attempt_row(
+                lease, int(numbered[0]), attempt, changes, carry=self.carries_first_attempt
+            )
             if row is not None:
                 insert = self._shaped(
                     "INSERT INTO {attempts} ({cols}) VALUES ({marks})", tuple(row)
@@ -413,20 +405,21 @@ class SQLStore(StoreBase):
         return decode_row(rows[0]) if rows else None
 
     def attempts(self, reference: str) -> list[AttemptRecord]:
+        # One statement, so one snapshot: the intent row and its attempt rows
+        # agree (a carried attempt is read only where no row was written).
         rows = self._select(
-            "SELECT a.started_at, a.duration, a.outcome, a.status, a.error_type, a.replayed"
-            " FROM {attempts} a JOIN {intents} i ON i.id = a.intent_id"
+            "SELECT i.state, i.attempts, i.first_delivery_at, i.updated_at, i.last_outcome,"
+            " i.response_status, i.purged_at,"
+            " a.started_at, a.duration, a.outcome, a.status, a.error_type, a.replayed"
+            " FROM {intents} i LEFT JOIN {attempts} a ON a.intent_id = i.id"
             " WHERE i.reference = ? ORDER BY a.number",
             (reference,),
         )
-        if rows:
-            return [decode_attempt(r) for r in rows]
-        carried = self._select(
-            "SELECT state, attempts, first_delivery_at, updated_at, last_outcome,"
-            " response_status, purged_at FROM {intents} WHERE reference = ?",
-            (reference,),
-        )
-        return decide.carried_attempts(*carried[0]) if carried else []
+        if not rows:
+            return []
+        if rows[0][7] is None:  # no attempt rows
+            return decide.carried_attempts(*rows[0][:7])
+        return [decode_attempt(r[7:]) for r in rows]
 
     def list_intents(
         self, *, state: State | None = None, limit: int | None = None

@@ -59,6 +59,7 @@ class SQLiteStore(SQLStore):
     """An outbox in one SQLite file. Thread-safe; shareable between processes."""
 
     integrity_errors = (sqlite3.IntegrityError,)
+    one_statement_writes = True
 
     def __init__(
         self,

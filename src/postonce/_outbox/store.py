@@ -13,7 +13,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from .._intent import IntentRecord, State, StoredResponse
 from .._lease import alive as lease_owner_alive
@@ -48,6 +48,10 @@ Take = Callable[[IntentRecord], tuple[Opened, decide.Changes]]
 
 class StoreBase(ABC):
     """Lease upkeep and attempt records, decided once; backends write them."""
+
+    #: A first attempt that ended the intent may be kept by the intent row alone
+    #: (``decide.carried``), without an attempts row.
+    carries_first_attempt: ClassVar[bool] = True
 
     @abstractmethod
     def _claim(

@@ -140,13 +140,27 @@ def _v4(db: sqlite_utils.Database) -> None:
     A call without ``intent=`` is its own intent: its reference is its key,
     and the reference index already keeps that value unique. Indexing it a
     second time cost every such call a page of a random B-tree position per
-    write-ahead. The one clash neither index sees, a caller-given key that
-    another kind of intent holds, is looked up (through these two indexes)
-    before the insert, in the same write transaction
-    (``SQLStore.open_intent``).
+    write-ahead. The one clash neither index sees, a key that the other kind
+    of intent holds, is refused by the schema itself: two triggers look it up
+    (through those two indexes, writing nothing) and drop the INSERT, which
+    the writer reads as "this key belongs to another intent". In the schema,
+    not in Python, so it also holds against a process of an older release
+    that opened the file before this migration and keeps writing.
     """
     db.execute("DROP INDEX intents_key")
     db.execute("CREATE UNIQUE INDEX intents_key ON intents (key) WHERE key != reference")
+    db.execute(
+        "CREATE TRIGGER intents_key_unnamed BEFORE INSERT ON intents"
+        " WHEN NEW.key = NEW.reference AND EXISTS"
+        " (SELECT 1 FROM intents WHERE key = NEW.key AND key != reference)"
+        " BEGIN SELECT RAISE(IGNORE); END"
+    )
+    db.execute(
+        "CREATE TRIGGER intents_key_named BEFORE INSERT ON intents"
+        " WHEN NEW.key != NEW.reference AND EXISTS"
+        " (SELECT 1 FROM intents WHERE reference = NEW.key AND key = reference)"
+        " BEGIN SELECT RAISE(IGNORE); END"
+    )
 
 
 #: MIGRATIONS[n] takes a database at schema version n to n + 1.
