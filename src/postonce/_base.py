@@ -119,55 +119,34 @@ class OnceOptions(TypedDict, total=False):
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _once(
-    self: Any,
-    url: httpx.URL | str,
-    *,
-    intent: str | None = None,
-    key: str | None = None,
-    json: Any = UNSET,
-    content: Any = UNSET,
-    data: Any = UNSET,
-    params: Any = None,
-    headers: HeaderInput = None,
-    timeout: Any = httpx.USE_CLIENT_DEFAULT,
-    provider: str | Provider | None = None,
-    retry: RetryPolicy | None = None,
-    deadline: DeadlineInput = None,
-    fingerprint_fields: Sequence[str] | None = None,
-    meta: Any = None,
-) -> httpx.Response:
-    """The one parameter list of every ``*_once`` method: only its signature is used."""
-    raise NotImplementedError
-
-
-_SELF = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
-_OPTIONS = list(inspect.signature(_once).parameters.values())[1:]
-_SHORTCUT = inspect.signature(_once).replace(parameters=[_SELF, *_OPTIONS])
-_REQUEST = _SHORTCUT.replace(
-    parameters=[
-        _SELF,
-        inspect.Parameter("method", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="str"),
-        *_OPTIONS,
-    ]
-)
-
-
 def with_options(method: F) -> F:
     """Give a ``*_once`` method its options for ``help()`` and ``inspect.signature``.
 
     The methods take ``**options: Unpack[OnceOptions]`` (typed for mypy); their
-    signature is set to the explicit parameter list of :func:`_once`, and the
+    signature is set to the explicit parameter list of ``BaseClient._plan``, and the
     one description of the options (``OnceOptions``) is appended to the
     docstring: one source for both clients and every shortcut.
     """
     own = inspect.cleandoc(method.__doc__ or "")
     options = inspect.cleandoc(OnceOptions.__doc__ or "").split("\n", 2)[2]
     method.__doc__ = f"{own}\n\n{options}"
-    method.__signature__ = (  # type: ignore[attr-defined]  # read by inspect and help()
-        _REQUEST if method.__name__ == "request_once" else _SHORTCUT
+    method.__signature__ = _signature(  # type: ignore[attr-defined]  # read by inspect, help()
+        with_method=method.__name__ == "request_once"
     )
     return method
+
+
+def _signature(*, with_method: bool) -> inspect.Signature:
+    """``request_once``'s parameters, or a shortcut's (no ``method``): those of ``_plan``.
+
+    ``_plan`` takes every option by name, so its parameter list is the one
+    written down; the public methods show it with their own return type.
+    """
+    planned = inspect.signature(BaseClient._plan)
+    parameters = list(planned.parameters.values())
+    if not with_method:
+        parameters = [p for p in parameters if p.name != "method"]
+    return planned.replace(parameters=parameters, return_annotation="httpx.Response")
 
 
 def _deadline(deadline: DeadlineInput, now: float, reference: str | None) -> float | None:
