@@ -292,6 +292,21 @@ def test_the_schema_refuses_a_key_the_other_kind_of_intent_holds(outbox_path: Pa
         conn.close()
 
 
+def test_reopening_an_intent_inserts_once(outbox_path: Path) -> None:
+    """SQLite: a call for a stored intent tries its INSERT once, then reads what is stored."""
+    store = SQLiteStore(outbox_path, durability="normal")
+    trace: list[str] = []
+    store._conn.set_trace_callback(trace.append)
+    store.open_intent(new_intent(), owner="a", now=1000.0, lease_for=10)
+    inserts_of_a_new_intent = sum(s.startswith("INSERT") for s in trace)
+    trace.clear()
+    again = store.open_intent(new_intent(), owner="b", now=1001.0, lease_for=10)
+    store.close()
+    assert again.lease is None  # a's lease holds: nothing taken
+    assert sum(s.startswith("INSERT") for s in trace) == inserts_of_a_new_intent
+    assert sum(s.startswith("SELECT") for s in trace) == 1
+
+
 def test_expired_lease_is_taken_over_and_the_old_owner_is_fenced(outbox: str) -> None:
     """After a lease expires another owner claims it; the old owner's writes are refused."""
     a, b = open_store(outbox), open_store(outbox)

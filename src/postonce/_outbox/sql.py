@@ -270,6 +270,7 @@ class SQLStore(StoreBase):
             " ON CONFLICT DO NOTHING RETURNING id",
             tuple(row),
         )
+        tried = False
         try:
             if self.one_statement_writes:
                 # The common case, a new intent, is one statement: its own
@@ -278,11 +279,17 @@ class SQLStore(StoreBase):
                     inserted = conn.execute(insert, tuple(row.values())).fetchall()
                 if inserted:
                     return decide.created(new, int(inserted[0][0]), lease, now)
+                tried = True
             with self._write(durable=True) as conn:
-                found = conn.execute(insert, tuple(row.values())).fetchone()
-                if found is not None:
-                    return decide.created(new, int(found[0]), lease, now)
-                record = self._by_reference(conn, new.reference)
+                # After a statement alone that clashed, the stored intent is read
+                # first; the INSERT runs here only if none is (again, if the row
+                # it clashed with is gone since).
+                record = self._by_reference(conn, new.reference) if tried else None
+                if record is None:
+                    found = conn.execute(insert, tuple(row.values())).fetchone()
+                    if found is not None:
+                        return decide.created(new, int(found[0]), lease, now)
+                    record = self._by_reference(conn, new.reference)
                 if record is None:  # not this reference: the key belongs to another intent
                     raise IntentConflict(decide.KEY_TAKEN, reference=new.reference, key=new.key)
                 opened, changes = decide.reopened(record, new, lease, now, alive)
