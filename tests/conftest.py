@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import threading
 import time
@@ -20,6 +21,8 @@ import uvicorn
 from psycopg import sql
 
 import postonce
+from postonce._intent import Outcome, State, StoredResponse
+from postonce._outbox.base import AttemptRecord, Lease
 from postonce._outbox.locate import split_schema
 from postonce.testing import MemoryOutbox
 from tests.http_library import HTTP_LIBRARY, default_transport
@@ -68,6 +71,38 @@ def _serve(app: IdempotentApp) -> tuple[uvicorn.Server, threading.Thread, int]:
         time.sleep(0.01)
     port = server.servers[0].sockets[0].getsockname()[1]
     return server, thread, int(port)
+
+
+def record_final(
+    store: postonce.Store,
+    lease: Lease | None,
+    *,
+    state: State = State.SUCCEEDED,
+    status: int = 201,
+    started_at: float = 1000.0,
+    stored: bool = False,
+    durable: bool = False,
+) -> bool:
+    """Record a final answer under ``lease`` as the flow does (one attempt of 0.1 s).
+
+    ``stored``: the answer is kept, as the flow keeps a final one; the first
+    attempt of the writer-ahead's lease is then carried by the intent row.
+    """
+    assert lease is not None
+    body = b"{}"
+    return store.record(
+        lease,
+        AttemptRecord(started_at, 0.1, Outcome.FINAL, status, None, False),
+        state=state,
+        anchor=1000.0,
+        due_at=None,
+        lease_until=None,
+        response=StoredResponse(status, (), body, False, hashlib.sha256(body).hexdigest())
+        if stored
+        else None,
+        note=None,
+        durable=durable,
+    )
 
 
 @pytest.fixture(scope="session")

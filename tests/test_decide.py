@@ -165,23 +165,28 @@ ANSWERED = decide.recorded(
     note=None,
 )
 _ANSWER = AttemptRecord(NOW, 0.25, Outcome.FINAL, 201, None, False)
+#: The writer-ahead's lease (decide.created); a claim's or a taker's is not fresh:
+#: its first send may come long after the write-ahead.
+FRESH = replace(LEASE, fresh=True)
 
 
 @pytest.mark.parametrize(
-    ("number", "attempt", "changes", "carried"),
+    ("lease", "number", "attempt", "changes", "carried"),
     [
-        pytest.param(1, _ANSWER, ANSWERED, True, id="first-try-2xx"),
+        pytest.param(FRESH, 1, _ANSWER, ANSWERED, True, id="first-try-2xx"),
         pytest.param(
+            FRESH,
             1,
             replace(_ANSWER, status=402),
             {**ANSWERED, "state": "failed", "response_status": 402},
             True,
             id="first-try-final-4xx",
         ),
-        pytest.param(2, _ANSWER, ANSWERED, False, id="second-attempt"),
-        pytest.param(1, _ANSWER, ANSWERED, False, id="not-the-writer-ahead"),
-        pytest.param(1, replace(_ANSWER, replayed=True), ANSWERED, False, id="replayed"),
+        pytest.param(FRESH, 2, _ANSWER, ANSWERED, False, id="second-attempt"),
+        pytest.param(LEASE, 1, _ANSWER, ANSWERED, False, id="not-the-writer-ahead"),
+        pytest.param(FRESH, 1, replace(_ANSWER, replayed=True), ANSWERED, False, id="replayed"),
         pytest.param(
+            FRESH,
             1,
             replace(_ANSWER, outcome=Outcome.AMBIGUOUS, status=None, error_type="ReadTimeout"),
             {**ANSWERED, "state": "pending", "response_status": None},
@@ -189,6 +194,7 @@ _ANSWER = AttemptRecord(NOW, 0.25, Outcome.FINAL, 201, None, False)
             id="ambiguous",
         ),
         pytest.param(
+            FRESH,
             1,
             replace(_ANSWER, status=503, outcome=Outcome.RETRYABLE),
             {k: v for k, v in ANSWERED.items() if not k.startswith("response")}
@@ -197,6 +203,7 @@ _ANSWER = AttemptRecord(NOW, 0.25, Outcome.FINAL, 201, None, False)
             id="retry-keeps-no-answer",
         ),
         pytest.param(
+            FRESH,
             1,
             replace(_ANSWER, status=500, outcome=Outcome.RETRYABLE),
             {**ANSWERED, "state": "expired", "response_status": None},
@@ -206,16 +213,13 @@ _ANSWER = AttemptRecord(NOW, 0.25, Outcome.FINAL, 201, None, False)
     ],
 )
 def test_which_attempt_the_intent_row_carries(
-    request: pytest.FixtureRequest,
+    lease: Lease,
     number: int,
     attempt: AttemptRecord,
     changes: decide.Changes,
     carried: bool,
 ) -> None:
     """Only the writer-ahead's own first attempt, ending the intent with its answer, is carried."""
-    # A claim or takeover lease is not fresh: its first send may come long after the write-ahead.
-    fresh = "not-the-writer-ahead" not in request.node.name
-    lease = replace(LEASE, fresh=fresh)
     assert decide.carried(lease, number, attempt, changes) is carried
     row = decide.attempt_row(lease, number, attempt, changes)
     assert (row is None) is carried

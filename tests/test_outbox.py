@@ -15,11 +15,11 @@ import pytest
 
 import postonce
 from postonce import SQLiteStore, State
-from postonce._intent import Outcome, StoredResponse
+from postonce._intent import Outcome
 from postonce._outbox.base import AttemptRecord, Lease, NewIntent
 from postonce._outbox.locate import open_store
 from postonce._outbox.sqlite import SCHEMA_VERSION
-from tests.conftest import ClientFactory
+from tests.conftest import ClientFactory, record_final
 
 
 def new_intent(
@@ -43,18 +43,7 @@ def new_intent(
 
 def succeed(store: postonce.Store, lease: Lease | None, *, durable: bool = True) -> bool:
     """Record a 2xx final answer under ``lease``, as the flow does."""
-    assert lease is not None
-    return store.record(
-        lease,
-        an_attempt(),
-        state=State.SUCCEEDED,
-        anchor=1000.0,
-        due_at=None,
-        lease_until=None,
-        response=None,
-        note=None,
-        durable=durable,
-    )
+    return record_final(store, lease, durable=durable)
 
 
 def an_attempt(outcome: Outcome = Outcome.FINAL, status: int | None = 201) -> AttemptRecord:
@@ -220,18 +209,7 @@ def test_concurrent_opens_grant_one_lease(outbox: str) -> None:
 
 def answer(store: postonce.Store, lease: Lease | None, started_at: float = 1000.0) -> bool:
     """Record a first-try 201 with its stored answer (carried by the writer-ahead's row)."""
-    assert lease is not None
-    return store.record(
-        lease,
-        AttemptRecord(started_at, 0.1, Outcome.FINAL, 201, None, False),
-        state=State.SUCCEEDED,
-        anchor=1000.0,
-        due_at=None,
-        lease_until=None,
-        response=StoredResponse(201, (), b"{}", False, hashlib.sha256(b"{}").hexdigest()),
-        note=None,
-        durable=False,
-    )
+    return record_final(store, lease, started_at=started_at, stored=True)
 
 
 def test_a_carried_first_answer_is_fenced_like_any_record(outbox: str) -> None:

@@ -28,7 +28,7 @@ from postonce._outbox import postgres
 from postonce._outbox.base import AttemptRecord, Lease
 from postonce._outbox.locate import split_schema
 from postonce._outbox.postgres import PostgresStore, _GroupCommit, _Queued
-from tests.conftest import PG_URL, pg_schema
+from tests.conftest import PG_URL, pg_schema, record_final
 from tests.test_outbox import new_intent
 
 
@@ -58,17 +58,7 @@ def record(
     durable: bool = False,
 ) -> bool:
     """Record a final answer under ``lease`` as the drain's flow does."""
-    return store.record(
-        lease,
-        AttemptRecord(1000.0, 0.1, Outcome.FINAL, status, None, False),
-        state=state,
-        anchor=1000.0,
-        due_at=None,
-        lease_until=None,
-        response=None,
-        note=None,
-        durable=durable,
-    )
+    return record_final(store, lease, state=state, status=status, durable=durable)
 
 
 def due_intents(store: PostgresStore, count: int) -> None:
