@@ -155,21 +155,15 @@ class SQLiteStore(SQLStore):
             with self._savepoint() as conn:
                 yield conn
             return
-        with self._lock:
+        with self._writing(durable) as conn:
+            conn.execute("BEGIN IMMEDIATE")
             try:
-                self._set_sync(durable)
-                self._conn.execute("BEGIN IMMEDIATE")
-                try:
-                    yield self._conn
-                    self._conn.execute("COMMIT")
-                except BaseException:
-                    if self._conn.in_transaction:
-                        self._conn.execute("ROLLBACK")
-                    raise
-            except sqlite3.IntegrityError:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
                 raise
-            except sqlite3.Error as exc:
-                raise OutboxError(f"outbox write failed at {self.path}: {exc}") from exc
 
     @contextmanager
     def _write_alone(self, durable: bool) -> Iterator[sqlite3.Connection]:
@@ -183,6 +177,16 @@ class SQLiteStore(SQLStore):
             with self._write(durable) as conn:
                 yield conn
             return
+        with self._writing(durable) as conn:
+            yield conn
+
+    @contextmanager
+    def _writing(self, durable: bool) -> Iterator[sqlite3.Connection]:
+        """The connection, this process's writes serialised and synced as asked.
+
+        A driver error leaves as ``OutboxError`` naming the file; a unique
+        violation as itself (the store reads which intent holds the value).
+        """
         with self._lock:
             try:
                 self._set_sync(durable)
