@@ -22,8 +22,9 @@ from psycopg import sql
 
 import postonce
 from postonce._intent import Outcome, State, StoredResponse
-from postonce._outbox.base import AttemptRecord, Lease
+from postonce._outbox.base import AttemptRecord, Lease, NewIntent
 from postonce._outbox.locate import split_schema
+from postonce._sender import origin_of
 from postonce.testing import MemoryOutbox
 from tests.http_library import HTTP_LIBRARY, default_transport
 from tests.idem_server import IdempotentApp
@@ -71,6 +72,42 @@ def _serve(app: IdempotentApp) -> tuple[uvicorn.Server, threading.Thread, int]:
         time.sleep(0.01)
     port = server.servers[0].sockets[0].getsockname()[1]
     return server, thread, int(port)
+
+
+JSON_HEADERS = (("content-type", "application/json"),)
+
+
+def loopback_intent(
+    server: LoopbackServer,
+    reference: str,
+    *,
+    key: str | None = None,
+    sender: str | None = None,
+    body: bytes = b'{"amount":1}',
+    headers: tuple[tuple[str, str], ...] = JSON_HEADERS,
+    fingerprint: str = "0" * 64,
+    meta: str | None = None,
+) -> NewIntent:
+    """A POST to the loopback server's charges, as another process writes it ahead.
+
+    Its key is given (``<reference>-key-0001`` unless ``key``); ``sender=None``
+    is a row from before senders were kept: no sender and no origin.
+    """
+    return NewIntent(
+        reference=reference,
+        key=key if key is not None else f"{reference}-key-0001",
+        key_given=True,
+        provider="ietf_draft",
+        method="POST",
+        url=f"{server.base_url}/ietf/v1/charges",
+        headers=headers,
+        body=body,
+        fingerprint=fingerprint,
+        deadline_at=None,
+        sender=sender,
+        origin=origin_of(server.base_url) if sender is not None else None,
+        meta=meta,
+    )
 
 
 def record_final(

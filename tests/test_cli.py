@@ -19,10 +19,8 @@ from click.testing import CliRunner
 import postonce
 from postonce import SQLiteStore, State
 from postonce._cli import main, parse_duration
-from postonce._outbox.base import NewIntent
-from postonce._sender import origin_of
 from postonce.testing import MemoryOutbox
-from tests.conftest import FAST, LoopbackServer, drain_env
+from tests.conftest import FAST, LoopbackServer, drain_env, loopback_intent
 from tests.unread_transport import UnreadMock
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -344,17 +342,8 @@ def due_intents(
     for i in range(count):
         key = f"{prefix}-{i:05d}-{'k' * 8}"
         store.open_intent(
-            NewIntent(
-                reference=f"{prefix}-{i}",
-                key=key,
-                key_given=True,
-                provider="ietf_draft",
-                method="POST",
-                url=f"{server.base_url}/ietf/v1/charges",
-                headers=(("content-type", "application/json"),),
-                body=body(i),
-                fingerprint=f"{i:064d}",
-                deadline_at=None,
+            loopback_intent(
+                server, f"{prefix}-{i}", key=key, body=body(i), fingerprint=f"{i:064d}"
             ),
             owner="crashed-host/1",
             now=time.time() - 60,
@@ -515,20 +504,7 @@ def test_drain_command_leaves_another_senders_intents(
     """The CLI drain sends only its client's sender's intents and reports the rest as not ours."""
     store = SQLiteStore(outbox_path, durability="normal")
     store.open_intent(
-        NewIntent(
-            reference="theirs",
-            key="theirs-key-0001",
-            key_given=True,
-            provider="ietf_draft",
-            method="POST",
-            url=f"{server.base_url}/ietf/v1/charges",
-            headers=(("content-type", "application/json"),),
-            body=b'{"amount":1}',
-            fingerprint="0" * 64,
-            deadline_at=None,
-            sender="another-service",
-            origin=origin_of(server.base_url),
-        ),
+        loopback_intent(server, "theirs", sender="another-service"),
         owner="crashed-host/1",
         now=time.time() - 60,
         lease_for=1,

@@ -14,9 +14,8 @@ import pytest
 import postonce
 from postonce import State
 from postonce._intent import IllegalMove
-from postonce._outbox.base import NewIntent
 from postonce._outbox.locate import open_store
-from tests.conftest import FAST, ClientFactory, LoopbackServer
+from tests.conftest import FAST, ClientFactory, LoopbackServer, loopback_intent
 from tests.unread_transport import UnreadMock
 
 ONE = FAST.model_copy(update={"attempts": 1})
@@ -59,19 +58,9 @@ def test_drain_takes_over_a_dead_senders_lease(
     client.post_once("/ietf/v1/charges", json={"amount": 1}, intent="warmup")
     store = open_store(outbox)  # another process's connection to the same outbox
     prepared_key = f"dead-sender-{uuid.uuid4().hex[:12]}"  # the server outlives this test
-    new = NewIntent(
-        reference="dead",
-        key=prepared_key,
-        key_given=True,
-        provider="ietf_draft",
-        method="POST",
-        url=f"{server.base_url}/ietf/v1/charges",
-        headers=(("content-type", "application/json"),),
-        body=b'{"amount":2}',
-        fingerprint="0" * 64,
-        deadline_at=None,
-        sender=client.sender,  # written by another process of the same client
-        origin=next(iter(client.origins or ())),
+    # Written by another process of the same client.
+    new = loopback_intent(
+        server, "dead", key=prepared_key, sender=client.sender, body=b'{"amount":2}'
     )
     opened = store.open_intent(new, owner="dead-host/1", now=time.time(), lease_for=0.3)
     store.close()

@@ -22,10 +22,16 @@ import pytest
 
 import postonce
 from postonce import State
-from postonce._outbox.base import NewIntent
 from postonce._outbox.locate import open_store
 from postonce._sender import auth_material, client_origins, origin_of, sender_identity
-from tests.conftest import FAST, ClientFactory, LoopbackServer, OutboxUnderTest, outbox_bytes
+from tests.conftest import (
+    FAST,
+    ClientFactory,
+    LoopbackServer,
+    OutboxUnderTest,
+    loopback_intent,
+    outbox_bytes,
+)
 
 ONE_TRY = FAST.model_copy(update={"attempts": 1})
 ROOT = Path(__file__).resolve().parent.parent
@@ -172,18 +178,7 @@ def test_intents_written_before_senders_are_adopted_by_their_origin(
     """An unowned intent (schema 1) goes to the first client of its origin, said in a log line."""
     store = open_store(outbox)
     store.open_intent(
-        NewIntent(
-            reference="legacy",
-            key="legacy-key-0001",
-            key_given=True,
-            provider="ietf_draft",
-            method="POST",
-            url=f"{server.base_url}/ietf/v1/charges",
-            headers=(("content-type", "application/json"),),
-            body=b'{"amount":3}',
-            fingerprint="0" * 64,
-            deadline_at=None,
-        ),
+        loopback_intent(server, "legacy", body=b'{"amount":3}'),  # no sender: schema 1
         owner="old-host/1",
         now=time.time() - 60,  # its sender died a minute ago: its lease ran out
         lease_for=1.0,

@@ -19,7 +19,7 @@ import pytest
 
 import postonce
 from postonce import Resolution, Settlement, State
-from tests.conftest import FAST, ClientFactory, LoopbackServer
+from tests.conftest import FAST, ClientFactory, LoopbackServer, loopback_intent
 
 ONE = FAST.model_copy(update={"attempts": 1})
 SHORT = postonce.Provider(name="short", retention=timedelta(seconds=0.3))
@@ -279,25 +279,15 @@ def test_cli_resolve_with_app_runs_the_handler_and_shows_the_settlement(
     import subprocess
     import sys
 
-    from postonce._outbox.base import NewIntent
-    from postonce._sender import origin_of
-
     outbox, ledger = tmp_path / "o.sqlite3", tmp_path / "ledger.txt"
     store = postonce.SQLiteStore(outbox)
     opened = store.open_intent(
-        NewIntent(
-            reference="cli-r",
-            key="cli-r-key-0001",
-            key_given=True,
-            provider="ietf_draft",
-            method="POST",
-            url=f"{server.base_url}/ietf/v1/charges",
-            headers=(),
-            body=b"{}",
-            fingerprint="0" * 64,
-            deadline_at=None,
+        loopback_intent(
+            server,
+            "cli-r",
             sender="settle-crash",
-            origin=origin_of(server.base_url),
+            body=b"{}",
+            headers=(),
             meta='{"order_id": "N7"}',
         ),
         owner="x",

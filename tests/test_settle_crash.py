@@ -18,9 +18,7 @@ from pathlib import Path
 
 import postonce
 from postonce import State
-from postonce._outbox.base import NewIntent
-from postonce._sender import origin_of
-from tests.conftest import LoopbackServer
+from tests.conftest import LoopbackServer, loopback_intent
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -34,19 +32,13 @@ def test_settlements_survive_sigkilled_drains(server: LoopbackServer, tmp_path: 
     store = postonce.SQLiteStore(outbox, durability="normal")
     for i in range(count):
         store.open_intent(
-            NewIntent(
-                reference=f"{prefix}-{i}",
+            loopback_intent(
+                server,
+                f"{prefix}-{i}",
                 key=f"{prefix}-{i:04d}-key",
-                key_given=True,
-                provider="ietf_draft",
-                method="POST",
-                url=f"{server.base_url}/ietf/v1/charges",
-                headers=(("content-type", "application/json"),),
+                sender="settle-crash",
                 body=b'{"amount":1,"_test":{"delay":0.01}}',
                 fingerprint=f"{i:064d}",
-                deadline_at=None,
-                sender="settle-crash",
-                origin=origin_of(server.base_url),
             ),
             owner="crashed-host/1",
             now=time.time() - 60,
