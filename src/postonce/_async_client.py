@@ -18,7 +18,7 @@ import anyio
 import httpx
 from typing_extensions import Unpack
 
-from ._base import WAIT_POLL, BaseClient, OnceOptions, named, with_options
+from ._base import BaseClient, OnceOptions, named, with_options
 from ._budget import RetryBudget
 from ._drain import (
     JUST_BEFORE,
@@ -28,7 +28,7 @@ from ._drain import (
     count_outcome,
     note_census,
 )
-from ._exceptions import ConfigurationError, IntentPending, OutboxError, PostonceError
+from ._exceptions import ConfigurationError, OutboxError, PostonceError
 from ._flow import Abandoned, Callback, Effect, Send, Sleep, StoreCall, run
 from ._intent import IntentRecord, State
 from ._observe import (
@@ -195,22 +195,18 @@ class AsyncClient(BaseClient):
     async def wait(self, intent: str, *, timeout: float = 30.0) -> httpx.Response:
         """``await`` the final answer of ``intent``; see :meth:`postonce.Client.wait`."""
         thread = await self._store_thread()
-        deadline = time.monotonic() + timeout
+        steps = self._waiting(intent, timeout)
+        ask = next(steps)
         while True:
-            record: IntentRecord | None = await thread.call("get", {"reference": intent})
-            answer = self._settled_answer(record, intent)
-            if answer is not None:
+            if ask is None:
+                result: Any = await thread.call("get", {"reference": intent})
+            else:  # off the event loop: PostgreSQL blocks on LISTEN, others sleep briefly
+                result = await anyio.to_thread.run_sync(thread.store.wait_change, *ask)
+            try:
+                ask = steps.send(result)
+            except StopIteration as done:
+                answer: httpx.Response = done.value
                 return answer
-            assert record is not None
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise IntentPending(
-                    f"not finished after {timeout:g} s", intent=intent, key=record.key
-                )
-            # Off the event loop: PostgreSQL blocks on LISTEN, others sleep briefly.
-            await anyio.to_thread.run_sync(
-                thread.store.wait_change, record.id, min(left, WAIT_POLL)
-            )
 
     async def resolve(self, intent: str, state: State, *, note: str = "") -> IntentRecord:
         """Resolve an expired intent by hand; see :meth:`postonce.Client.resolve`."""

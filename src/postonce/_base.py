@@ -25,6 +25,7 @@ from ._drain import Tally
 from ._exceptions import (
     ConfigurationError,
     IntentConflict,
+    IntentPending,
     InvalidRequest,
     OutboxError,
     PostonceError,
@@ -766,6 +767,30 @@ class BaseClient:
         if self.on_settled is not None:
             yield from settle_flow(self.on_settled, moved, self._clock, self._lib)
         return moved
+
+    def _waiting(
+        self, intent: str, timeout: float
+    ) -> Generator[tuple[int, float] | None, Any, httpx.Response]:
+        """``wait()``'s loop, its I/O left to the shell that drives it.
+
+        Yields None to have the intent read (sent back: its record), or
+        ``(intent id, seconds)`` to have the outbox waited on for a change (sent
+        back: anything). Returns the final answer; raises its terminal error,
+        ``KeyError`` or ``IntentPending`` after ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            record = yield None
+            answer = self._settled_answer(record, intent)
+            if answer is not None:
+                return answer
+            assert record is not None
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise IntentPending(
+                    f"not finished after {timeout:g} s", intent=intent, key=record.key
+                )
+            yield record.id, min(left, WAIT_POLL)
 
     def _settled_answer(self, record: IntentRecord | None, intent: str) -> httpx.Response | None:
         """An ended intent's final answer (or its terminal error, raised); None if unfinished.

@@ -12,7 +12,6 @@ import httpx
 from typing_extensions import Unpack
 
 from ._base import (
-    WAIT_POLL,
     BaseClient,
     OnceOptions,
     named,
@@ -21,7 +20,7 @@ from ._base import (
 )
 from ._budget import RetryBudget
 from ._drain import DrainReport, Tally, count_outcome, note_census, run_drain, stop_on_signals
-from ._exceptions import ConfigurationError, IntentPending, OutboxError, PostonceError
+from ._exceptions import ConfigurationError, OutboxError, PostonceError
 from ._flow import Abandoned, Callback, Effect, Send, Sleep, StoreCall, run
 from ._intent import IntentRecord, State
 from ._observe import Hooks, SendDetail, sending
@@ -175,19 +174,19 @@ class Client(BaseClient):
         notifications; elsewhere it polls.
         """
         store = self.outbox
-        deadline = time.monotonic() + timeout
+        steps = self._waiting(intent, timeout)
+        ask = next(steps)
         while True:
-            record = store.get(intent)
-            answer = self._settled_answer(record, intent)
-            if answer is not None:
+            result = None
+            if ask is None:
+                result = store.get(intent)
+            else:
+                store.wait_change(*ask)
+            try:
+                ask = steps.send(result)
+            except StopIteration as done:
+                answer: httpx.Response = done.value
                 return answer
-            assert record is not None
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise IntentPending(
-                    f"not finished after {timeout:g} s", intent=intent, key=record.key
-                )
-            store.wait_change(record.id, min(left, WAIT_POLL))
 
     def resolve(self, intent: str, state: State, *, note: str = "") -> IntentRecord:
         """Resolve an expired intent by hand (as ``outbox resolve``); its settlement follows."""
