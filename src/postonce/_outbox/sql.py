@@ -308,34 +308,19 @@ class SQLStore(StoreBase):
             and decide.carried(lease, 1, attempt, changes)
         ):
             # A first attempt the intent row carries is one statement (its own
-            # transaction where the backend allows); any later attempt matches
-            # no row here and is recorded with its attempts row below.
-            first = self._shaped(
-                "UPDATE {intents} SET {sets}, attempts = 1"
-                " WHERE id = ? AND claim_token = ? AND attempts = 0 RETURNING id",
-                tuple(changes),
-            )
+            # transaction); a later one matches no row here and is recorded
+            # below, with its attempts row.
             with self._write_alone(durable=durable) as conn:
-                done = conn.execute(
-                    first, (*changes.values(), lease.intent_id, lease.token)
-                ).fetchall()
-                if done:
+                if self._count_attempt(conn, lease, changes, first=True) is not None:
                     self._ended(conn, lease.intent_id, changes)
                     return True
-        update = self._shaped(
-            "UPDATE {intents} SET {sets}, attempts = attempts + 1"
-            " WHERE id = ? AND claim_token = ? RETURNING attempts",
-            tuple(changes),
-        )
         with self._write(durable=durable) as conn:
-            numbered = conn.execute(
-                update, (*changes.values(), lease.intent_id, lease.token)
-            ).fetchone()
-            if numbered is None:
+            number = self._count_attempt(conn, lease, changes, first=False)
+            if number is None:
                 return False
             self._ended(conn, lease.intent_id, changes)
             row = decide.attempt_row(
-                lease, int(numbered[0]), attempt, changes, carry=self.carries_first_attempt
+                lease, number, attempt, changes, carry=self.carries_first_attempt
             )
             if row is not None:
                 insert = self._shaped(
@@ -343,6 +328,23 @@ class SQLStore(StoreBase):
                 )
                 conn.execute(insert, tuple(row.values()))
             return True
+
+    def _count_attempt(
+        self, conn: Any, lease: Lease, changes: decide.Changes, *, first: bool
+    ) -> int | None:
+        """Write ``changes`` and count one attempt, while the lease owns the row; its number.
+
+        ``first``: only if no attempt is counted yet. None: nothing matched.
+        """
+        update = self._shaped(
+            "UPDATE {intents} SET {sets}, attempts = attempts + 1"
+            f" WHERE id = ? AND claim_token = ?{' AND attempts = 0' if first else ''}"
+            " RETURNING attempts",
+            tuple(changes),
+        )
+        numbered = conn.execute(update, (*changes.values(), lease.intent_id, lease.token))
+        rows = numbered.fetchall()  # read to its end: a statement alone commits there
+        return int(rows[0][0]) if rows else None
 
     def _claim(
         self, *, due_by: float, now: float, limit: int, take: Take, mine: Mine
