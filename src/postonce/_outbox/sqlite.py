@@ -21,7 +21,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -165,8 +165,7 @@ class SQLiteStore(SQLStore):
                     conn.execute("ROLLBACK")
                 raise
 
-    @contextmanager
-    def _write_alone(self, durable: bool) -> Iterator[sqlite3.Connection]:
+    def _write_alone(self, durable: bool) -> AbstractContextManager[sqlite3.Connection]:
         """One statement as its own transaction (autocommit): no BEGIN and COMMIT statements.
 
         As safe as ``BEGIN IMMEDIATE``: a statement that writes takes the write
@@ -174,11 +173,8 @@ class SQLiteStore(SQLStore):
         batch it is one more operation of the batch's transaction.
         """
         if getattr(self._local, "batch", None) is not None:
-            with self._write(durable) as conn:
-                yield conn
-            return
-        with self._writing(durable) as conn:
-            yield conn
+            return self._write(durable)
+        return self._writing(durable)
 
     @contextmanager
     def _writing(self, durable: bool) -> Iterator[sqlite3.Connection]:
