@@ -15,6 +15,7 @@ from postonce import State
 from postonce._intent import IntentRecord, Outcome, StoredResponse
 from postonce._outbox import decide
 from postonce._outbox.base import AttemptRecord, Lease, NewIntent
+from postonce._outbox.rows import COLUMN_NAMES, decode_row
 
 NOW = 1000.0
 NEW = NewIntent(
@@ -249,3 +250,63 @@ def test_which_attempt_the_intent_row_carries(
 )
 def test_carried_attempts(columns: tuple[Any, ...], expected: list[AttemptRecord]) -> None:
     assert decide.carried_attempts(*columns) == expected
+
+
+ENDED = {"state": "succeeded", "lease_owner": None, "lease_expires_at": None, "claim_token": None}
+
+
+@pytest.mark.parametrize(
+    ("changes", "deferred"),
+    [
+        pytest.param(
+            ENDED,
+            {"state": "succeeded", "lease_owner": None, "claim_token": None},
+            id="ends-hands-back",
+        ),
+        pytest.param(
+            {**ENDED, "state": "failed", "response_status": 402},
+            {"state": "failed", "lease_owner": None, "claim_token": None, "response_status": 402},
+            id="final-4xx",
+        ),
+        pytest.param({**ENDED, "state": "pending"}, None, id="deferred-retry"),
+        pytest.param({**ENDED, "state": "sending"}, None, id="keeps-sending"),
+        pytest.param(
+            {**ENDED, "lease_owner": "me", "lease_expires_at": NOW + 20}, None, id="ends-leased"
+        ),
+        pytest.param({"state": "succeeded"}, None, id="lease-untouched"),
+        pytest.param({**ENDED, "lease_owner": "me"}, None, id="owner-kept"),
+    ],
+)
+def test_lease_exit_deferred(changes: decide.Changes, deferred: decide.Changes | None) -> None:
+    """Only an end that hands the lease back leaves its expiry for a later sweep."""
+    assert decide.lease_exit_deferred(changes) == deferred
+
+
+def _row(**columns: Any) -> tuple[Any, ...]:
+    """An intents row in ``COLUMN_NAMES`` order: a pending intent, with ``columns`` set."""
+    base: dict[str, Any] = dict.fromkeys(COLUMN_NAMES)
+    base.update(
+        id=7, reference="o-1", key="k-1", provider="stripe", method="POST",
+        url="https://api.test/c", headers="[]", body=b"{}", fingerprint="f",
+        state="pending", created_at=NOW, attempts=0, settle_attempts=0,
+    )  # fmt: skip
+    base.update(columns)
+    return tuple(base[name] for name in COLUMN_NAMES)
+
+
+@pytest.mark.parametrize(
+    ("columns", "lease_expires_at"),
+    [
+        pytest.param({"state": "sending", "lease_owner": "me"}, NOW + 15, id="sending"),
+        pytest.param({"state": "succeeded"}, None, id="ended-swept-later"),
+        pytest.param({"state": "failed"}, None, id="ended-4xx"),
+        pytest.param({"state": "succeeded", "lease_owner": "me"}, NOW + 15, id="ended-leased"),
+        pytest.param({"state": "pending"}, NOW + 15, id="pending-as-stored"),
+    ],
+)
+def test_a_stale_lease_reads_as_none(
+    columns: dict[str, Any], lease_expires_at: float | None
+) -> None:
+    """decode_row: an ended intent with no lease owner has no lease, whatever the row still says."""
+    record = decode_row(_row(lease_expires_at=NOW + 15, **columns))
+    assert record.lease_expires_at == lease_expires_at

@@ -12,12 +12,15 @@ from pathlib import Path
 
 import httpx
 import pytest
+import sqlite_utils
 
 import postonce
 from postonce import SQLiteStore, State
 from postonce._intent import Outcome
 from postonce._outbox.base import AttemptRecord, Lease, NewIntent
+from postonce._outbox.decide import LEASE_SWEEP
 from postonce._outbox.locate import open_store
+from postonce._outbox.migrations.sqlite import MIGRATIONS
 from postonce._outbox.sqlite import SCHEMA_VERSION
 from tests.conftest import ClientFactory, record_final
 
@@ -92,6 +95,20 @@ def test_a_newer_schema_is_refused(outbox_path: Path) -> None:
             " ORDER BY due_at",
             "intents_due",
             id="due",
+        ),
+        pytest.param(
+            "SELECT id FROM intents WHERE state = 'sending' AND sender = 's'"
+            " AND lease_expires_at <= 5 ORDER BY lease_expires_at",
+            "intents_lease",
+            id="lease",
+        ),
+        pytest.param(
+            # The claim's lease arm with owners known gone (an OR): still the index.
+            "SELECT id FROM intents WHERE state = 'sending' AND lease_expires_at IS NOT NULL"
+            " AND (lease_expires_at <= 5 OR lease_owner IN ('x')) AND sender = 's'"
+            " ORDER BY lease_expires_at",
+            "intents_lease",
+            id="lease-or-dead",
         ),
         pytest.param(
             "SELECT 1 FROM intents WHERE key = 'k' AND key != reference",
@@ -242,11 +259,146 @@ def test_a_first_try_answer_is_one_statement(outbox_path: Path) -> None:
     store._conn.set_trace_callback(trace.append)
     opened = store.open_intent(new_intent(), owner="a", now=1000.0, lease_for=10)
     assert answer(store, opened.lease) is True
+    store._conn.set_trace_callback(None)  # (close sweeps the lease index: not this call's)
     store.close()
     # (The trace repeats the INSERT's text once for each of schema v4's key triggers.)
     statements = [s.split(" ")[0] for s in trace if not s.startswith("PRAGMA")]
     assert list(dict.fromkeys(statements)) == ["INSERT", "UPDATE"]
     assert statements.count("UPDATE") == 1
+    # Schema v5: the answer leaves the lease expiry for a later sweep of many.
+    (update,) = [s for s in trace if s.startswith("UPDATE")]
+    assert "lease_expires_at" not in update
+
+
+def lease_index(path: Path) -> list[tuple[str, float]]:
+    """(reference, lease_expires_at) of every row the lease index holds, read with sqlite3."""
+    conn = sqlite3.connect(path)
+    try:
+        rows = conn.execute(
+            "SELECT reference, lease_expires_at FROM intents INDEXED BY intents_lease"
+            " WHERE lease_expires_at IS NOT NULL ORDER BY id"
+        ).fetchall()
+    finally:
+        conn.close()
+    return [(str(r), float(e)) for r, e in rows]
+
+
+def test_ended_intents_leave_the_lease_index_together(outbox_path: Path) -> None:
+    """Schema v5: answered intents stay in the lease index until LEASE_SWEEP of them leave at once.
+
+    Meanwhile the stored record says no lease; close() takes out the rest.
+    """
+    store = SQLiteStore(outbox_path, durability="normal")
+    for n in range(LEASE_SWEEP - 1):
+        opened = store.open_intent(
+            new_intent(f"r-{n}", f"k-{n}"), owner="a", now=1000.0 + n, lease_for=10
+        )
+        assert answer(store, opened.lease) is True
+    assert len(lease_index(outbox_path)) == LEASE_SWEEP - 1
+    record = store.get("r-0")
+    assert record is not None
+    assert (record.state, record.lease_owner, record.lease_expires_at) == (
+        State.SUCCEEDED,
+        None,
+        None,
+    )
+    live = store.open_intent(new_intent("live", "k-live"), owner="a", now=2000.0, lease_for=10)
+    last = store.open_intent(new_intent("last", "k-last"), owner="a", now=2000.0, lease_for=10)
+    # Two of them a claim took out meanwhile: the sweep does not write their rows again.
+    other = sqlite3.connect(outbox_path)
+    other.execute("UPDATE intents SET lease_expires_at = NULL WHERE reference IN ('r-0', 'r-1')")
+    other.commit()
+    other.close()
+    changed = store._conn.total_changes
+    assert answer(store, last.lease) is True  # the LEASE_SWEEP-th ended intent: all leave
+    assert store._conn.total_changes - changed == 1 + (LEASE_SWEEP - 2)  # the answer, the sweep
+    assert lease_index(outbox_path) == [("live", 2010.0)]  # a live lease stays, of course
+    assert answer(store, live.lease) is True
+    assert len(lease_index(outbox_path)) == 1
+    store.close()
+    assert lease_index(outbox_path) == []
+
+
+def test_a_claim_takes_out_the_ended_intents_it_walks_past(outbox_path: Path) -> None:
+    """Ended intents a process left in the lease index (it exited before its sweep) cost a
+    claim once: the claim takes the crashed intent behind them and takes them out."""
+    store = SQLiteStore(outbox_path, durability="normal")
+    for n in range(5):
+        opened = store.open_intent(
+            new_intent(f"r-{n}", f"k-{n}"), owner="a", now=1000.0, lease_for=10
+        )
+        assert answer(store, opened.lease) is True
+    crashed = store.open_intent(
+        new_intent("crashed", "k-crashed"), owner="a", now=1001.0, lease_for=10
+    )
+    store._left.clear()  # as a process that exited before its sweep leaves them
+    store.close()
+    assert len(lease_index(outbox_path)) == 6
+    drain = SQLiteStore(outbox_path, durability="normal")
+    try:
+        (claimed,) = drain.claim_due(owner="drain", now=1020.0, limit=10, lease_for=30)
+        assert claimed.record.reference == "crashed"
+        assert crashed.lease is not None
+        assert claimed.record.key == crashed.record.key
+        assert lease_index(outbox_path) == [("crashed", 1050.0)]
+        for n in range(5):
+            record = drain.get(f"r-{n}")
+            assert record is not None
+            assert record.state is State.SUCCEEDED
+    finally:
+        drain.close()
+
+
+def test_a_sweep_that_fails_fails_no_call(outbox_path: Path) -> None:
+    """A lease sweep refused by the database leaves the intents for the next sweep; the
+    answers that asked for it are recorded and reported as recorded."""
+    store = SQLiteStore(outbox_path, durability="normal")
+    refuse = (
+        "CREATE TRIGGER refuse_sweeps BEFORE UPDATE OF lease_expires_at ON intents"
+        " WHEN NEW.lease_expires_at IS NULL BEGIN SELECT RAISE(ABORT, 'no sweeping'); END"
+    )
+    store._conn.execute(refuse)
+    try:
+        for n in range(LEASE_SWEEP):
+            opened = store.open_intent(
+                new_intent(f"r-{n}", f"k-{n}"), owner="a", now=1000.0, lease_for=10
+            )
+            assert answer(store, opened.lease) is True
+        assert len(lease_index(outbox_path)) == LEASE_SWEEP
+        assert len(store._left) == LEASE_SWEEP  # kept for the next sweep
+        for record in store.list_intents():
+            assert record.state is State.SUCCEEDED
+        store._conn.execute("DROP TRIGGER refuse_sweeps")
+    finally:
+        store.close()
+    assert lease_index(outbox_path) == []
+
+
+def test_a_v4_outbox_is_migrated_to_the_v5_lease_index(outbox_path: Path) -> None:
+    """Opening a schema-v4 file swaps its lease index; a crashed intent in it is still claimed."""
+    db = sqlite_utils.Database(outbox_path)
+    for step in MIGRATIONS[:4]:
+        step(db)
+    db.execute("PRAGMA user_version = 4")
+    db.execute(
+        "INSERT INTO intents (reference, key, provider, method, url, headers, body, fingerprint,"
+        " state, created_at, updated_at, lease_owner, lease_expires_at, claim_token, sender)"
+        " VALUES ('crashed', 'k', 'ietf_draft', 'POST', 'http://api.test/c', '[]', x'', 'f',"
+        " 'sending', 1000, 1000, 'gone', 1010, 't', NULL)"
+    )
+    db.conn.commit()
+    db.conn.close()
+    store = SQLiteStore(outbox_path, durability="normal")
+    try:
+        (index_sql,) = store._conn.execute(
+            "SELECT sql FROM sqlite_master WHERE name = 'intents_lease'"
+        ).fetchone()
+        assert "WHERE lease_expires_at IS NOT NULL" in index_sql
+        assert store._conn.execute("PRAGMA user_version").fetchone()[0] == 5
+        (claimed,) = store.claim_due(owner="drain", now=1020.0, limit=10, lease_for=30)
+        assert claimed.record.reference == "crashed"
+    finally:
+        store.close()
 
 
 def test_the_schema_refuses_a_key_the_other_kind_of_intent_holds(outbox_path: Path) -> None:

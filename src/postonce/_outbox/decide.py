@@ -24,6 +24,7 @@ from .base import AttemptRecord, Census, Lease, NewIntent, Opened
 
 __all__ = [
     "KEY_TAKEN",
+    "LEASE_SWEEP",
     "PURGEABLE",
     "Changes",
     "adoptions",
@@ -36,6 +37,7 @@ __all__ = [
     "created",
     "due_by",
     "insert_row",
+    "lease_exit_deferred",
     "lease_free",
     "moved",
     "owed",
@@ -61,6 +63,11 @@ Changes = dict[str, Any]
 PURGEABLE = tuple(sorted(s.value for s in TERMINAL if s is not State.EXPIRED))
 
 _TERMINAL_VALUES = frozenset(s.value for s in TERMINAL)
+
+#: Ended intents whose exit from the lease index a store defers, then takes out
+#: in one statement (see :func:`lease_exit_deferred`).
+LEASE_SWEEP = 32
+_LEASE = ("lease_owner", "lease_expires_at")
 
 #: Why a new intent whose key another reference holds is refused.
 KEY_TAKEN = "this key already belongs to another intent"
@@ -299,6 +306,24 @@ def recorded(
     return changes
 
 
+def lease_exit_deferred(changes: Changes) -> Changes | None:
+    """``changes`` that end an intent less its lease's end, or None where nothing is deferred.
+
+    The write-ahead puts an intent in the lease index (``lease_expires_at``);
+    handing the lease back with the answer takes it out again, and writes that
+    index's page in a second commit. The lease of an ended intent means
+    nothing (:func:`~postonce._outbox.rows.decode_row` reads it as None), so a
+    store that indexes leases may leave it in the row and take it out later,
+    :data:`LEASE_SWEEP` intents in one statement. Only a change to a terminal
+    state that hands the lease back (no owner, no expiry) is deferred; the row's
+    empty ``lease_owner`` is what says its expiry is stale.
+    """
+    hands_back = all(column in changes and changes[column] is None for column in _LEASE)
+    if changes.get("state") not in _TERMINAL_VALUES or not hands_back:
+        return None
+    return {column: value for column, value in changes.items() if column != "lease_expires_at"}
+
+
 def carried(lease: Lease, number: int, attempt: AttemptRecord, changes: Changes) -> bool:
     """Whether the intent row alone keeps attempt ``number``: no attempts-table row.
 
@@ -478,6 +503,7 @@ def purged(now: float) -> Changes:
         "headers": "[]",
         "response_headers": None,
         "response_body": None,
+        "lease_expires_at": None,  # a lease whose end a store deferred: out of the index
         "purged_at": now,
     }
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from .._exceptions import OutboxError
-from .._intent import IntentRecord, Outcome, State, StoredResponse
+from .._intent import TERMINAL, IntentRecord, Outcome, State, StoredResponse
 from .base import AttemptRecord
 
 if TYPE_CHECKING:
@@ -129,6 +129,11 @@ def decode_row(row: tuple[Any, ...]) -> IntentRecord:
         settle_error,
         settled_at,
     ) = row
+    state = State(state)
+    if state in TERMINAL and lease_owner is None:
+        # An ended intent that handed its lease back: a store may have left the
+        # expiry in the row for a while (decide.lease_exit_deferred). It says nothing.
+        lease_expires_at = None
     response = None
     if r_status is not None:
         response = StoredResponse(
@@ -148,7 +153,7 @@ def decode_row(row: tuple[Any, ...]) -> IntentRecord:
         headers=_pairs(headers),
         body=bytes(body),
         fingerprint=str(fingerprint),
-        state=State(state),
+        state=state,
         created_at=float(created_at),
         first_delivery_at=_time(first_delivery_at),
         due_at=_time(due_at),

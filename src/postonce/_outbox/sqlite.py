@@ -16,6 +16,7 @@ The schema is created and migrated with sqlite-utils; the version lives in
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import threading
@@ -29,6 +30,8 @@ import sqlite_utils
 
 from .._engine import CLOCK_TOLERANCE
 from .._exceptions import OutboxError
+from .._intent import TERMINAL
+from .decide import LEASE_SWEEP
 from .migrations.sqlite import MIGRATIONS, SCHEMA_VERSION
 from .rows import COLUMNS, needs_durable, newer_schema
 from .sql import SQLStore
@@ -39,6 +42,16 @@ __all__ = ["SCHEMA_VERSION", "WAKE_ORDER", "SQLiteStore"]
 #: The order of due intents in a claim: when each became due (a pending row's
 #: due time, a sending row's lease expiry), then id.
 WAKE_ORDER = "CASE WHEN state = 'sending' THEN lease_expires_at ELSE due_at END, id"
+
+#: The terminal states, as SQL literals: with no lease owner, a row whose lease
+#: expiry means nothing (rows.decode_row reads it as None).
+_ENDED = ", ".join(sorted(f"'{state.value}'" for state in TERMINAL))
+
+#: How many lease-index entries past the claim's own a claim looks at for ended
+#: intents to take out (left there by a process that exited before its sweep).
+_CLAIM_SWEEPS = LEASE_SWEEP * 8
+
+logger = logging.getLogger("postonce")
 
 
 Durability = Literal["full", "normal"]
@@ -60,6 +73,7 @@ class SQLiteStore(SQLStore):
 
     integrity_errors = (sqlite3.IntegrityError,)
     one_statement_writes = True
+    defers_lease_exit = True
 
     def __init__(
         self,
@@ -77,6 +91,7 @@ class SQLiteStore(SQLStore):
         self._lock = threading.RLock()
         self._local = threading.local()
         self._sync: str | None = None
+        self._left: list[int] = []  # ended intents still in the lease index (_lease_left)
         if not create and not self.path.exists():
             raise OutboxError(f"no outbox at {self.path}")
         try:
@@ -261,6 +276,41 @@ class SQLiteStore(SQLStore):
             return [(False, error) for _ in calls]
         return results
 
+    def _lease_left(self, intent_id: int) -> None:
+        """Take ended intents out of the lease index, :data:`LEASE_SWEEP` at a time.
+
+        Their rows sit side by side at the table's end, as do their entries at
+        the index's: one statement rewrites a few pages for all of them, where
+        each answer would have written the index's page once more on its own.
+        """
+        with self._lock:
+            self._left.append(intent_id)
+            if len(self._left) >= LEASE_SWEEP:
+                self._clear_leases()
+
+    def _clear_leases(self) -> None:
+        """Clear the lease expiry of the ended intents in :attr:`_left`, in one statement.
+
+        Never fails the call it runs in: an error leaves the intents for the next
+        sweep (at most a few sweeps' worth are kept; a claim takes out the rest).
+        """
+        with self._lock:
+            ids, self._left = self._left, []
+            if not ids:
+                return
+            marks = ", ".join("?" for _ in ids)
+            try:
+                with self._write_alone(durable=False) as conn:
+                    conn.execute(
+                        "UPDATE intents SET lease_expires_at = NULL"
+                        f" WHERE id IN ({marks}) AND lease_expires_at IS NOT NULL"
+                        f" AND state IN ({_ENDED}) AND lease_owner IS NULL",
+                        ids,
+                    )
+            except (OutboxError, sqlite3.Error) as exc:
+                logger.debug("lease sweep of %d ended intents left for later: %s", len(ids), exc)
+                self._left = [*ids, *self._left][-LEASE_SWEEP * 4 :]
+
     def _read(self, query: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         with self._lock:
             try:
@@ -281,13 +331,25 @@ class SQLiteStore(SQLStore):
         late, _ = self._mine(mine, unindexed="+")
         # Leases of owners known gone are due now, though not run out.
         dead, owners = self._dead(mine)
+        # Ended intents whose lease expiry is still in the row (their process
+        # exited before its sweep) sit among the expired leases the lease arm
+        # walks: take out those within its reach, so no claim walks them twice.
+        conn.execute(
+            "UPDATE intents SET lease_expires_at = NULL WHERE id IN ("
+            " SELECT id FROM (SELECT id, state, lease_owner FROM intents"
+            f"  WHERE lease_expires_at <= ?{only} ORDER BY lease_expires_at, id LIMIT ?)"
+            f" WHERE state IN ({_ENDED}) AND lease_owner IS NULL)",
+            (due_by, *params, limit + _CLAIM_SWEEPS),
+        )
         return conn.execute(
             f"SELECT {COLUMNS} FROM intents WHERE id IN ("
             " SELECT id FROM (SELECT id FROM intents"
             f"  WHERE state = 'pending' AND due_at <= ?{only} ORDER BY due_at, id LIMIT ?)"
             " UNION"
             " SELECT id FROM (SELECT id FROM intents"
-            f"  WHERE state = 'sending' AND (lease_expires_at <= ?{dead}){only}"
+            # (IS NOT NULL: the lease index's condition, which the OR would hide.)
+            "  WHERE state = 'sending' AND lease_expires_at IS NOT NULL"
+            f"  AND (lease_expires_at <= ?{dead}){only}"
             "  ORDER BY lease_expires_at, id LIMIT ?)"
             # A clock that went back leaves due times far ahead: pending rows
             # touched "in the future" are due now (a live lease is never cut short).
@@ -307,4 +369,5 @@ class SQLiteStore(SQLStore):
 
     def close(self) -> None:
         with self._lock:
+            self._clear_leases()
             self._conn.close()

@@ -163,6 +163,26 @@ def _v4(db: sqlite_utils.Database) -> None:
     )
 
 
+def _v5(db: sqlite_utils.Database) -> None:
+    """The lease index holds every row with a lease expiry, not only the sending ones.
+
+    An intent enters it with its write-ahead. Before this version its answer
+    took it out again (the state left ``'sending'``), which wrote the index's
+    page in the answer's commit too. Now the answer leaves the expiry in the
+    row, and the store takes ended intents out later, many in one statement
+    (``decide.lease_exit_deferred``); a claim takes out those it walks past.
+    Every query of the index still asks for ``state = 'sending'``, and a
+    comparison on ``lease_expires_at`` lets SQLite use the partial index.
+    A process of an older release keeps clearing the expiry with each answer:
+    its rows simply leave the index at once.
+    """
+    db.execute("DROP INDEX intents_lease")
+    db.execute(
+        "CREATE INDEX intents_lease ON intents (sender, lease_expires_at)"
+        " WHERE lease_expires_at IS NOT NULL"
+    )
+
+
 #: MIGRATIONS[n] takes a database at schema version n to n + 1.
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4]
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _v5]
 SCHEMA_VERSION = len(MIGRATIONS)
