@@ -13,6 +13,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ._frozen import quick_init
 from ._intent import Outcome, State
 from ._policy import RetryPolicy, backoff, horizon_at
 from .providers import Provider
@@ -34,6 +35,7 @@ class StepKind(str, enum.Enum):
     CANCEL = "cancel"  # never delivered and past the caller's deadline
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Step:
     kind: StepKind
@@ -43,6 +45,7 @@ class Step:
     reason: str = ""
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Budget:
     """What is left of one foreground call."""

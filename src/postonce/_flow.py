@@ -36,6 +36,7 @@ from ._exceptions import (
     IntentPurged,
     IntentResolved,
 )
+from ._frozen import quick_init
 from ._intent import TERMINAL, IntentInfo, IntentRecord, Outcome, State
 from ._observe import (
     AttemptDetail,
@@ -71,6 +72,7 @@ __all__ = [
 logger = logging.getLogger("postonce")
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class StoreCall:
     """Call ``store.<method>(**kwargs)``; resume with its result once it has committed.
@@ -89,6 +91,7 @@ class StoreCall:
         return getattr(store, self.method)(**self.kwargs)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Send:
     """Send ``request`` and read the whole answer; resume with the ``httpx.Response``.
@@ -101,11 +104,13 @@ class Send:
     lease: Lease | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Sleep:
     seconds: float
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Sender:
     """How this process sends: the profile, the policy, its identity and its secrets."""
@@ -126,6 +131,7 @@ class Sender:
     settle_hold: float | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Callback:
     """Call the application's ``fn(arg)`` (awaited if it is a coroutine); resume with the result.
@@ -488,6 +494,7 @@ def _renewed(
     progress.lease = renewed
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class _Wire:
     """What every attempt of one claim sends: computed once per claim, not per send."""
@@ -496,6 +503,7 @@ class _Wire:
     headers: list[tuple[str, str]]
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class _Tried:
     """One attempt, sent and classified."""

@@ -9,6 +9,8 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
+from ._frozen import quick_init
+
 __all__ = [
     "TERMINAL",
     "IllegalMove",
@@ -107,6 +109,7 @@ def operator_move(record: IntentRecord, to: State, now: float) -> State:
     raise IllegalMove(f"an operator cannot move an intent to {to.value}")
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class StoredResponse:
     """A final answer as the outbox keeps it."""
@@ -118,6 +121,7 @@ class StoredResponse:
     sha256: str = ""  # of the whole body as received, truncated or not
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class IntentRecord:
     """One row of the outbox, as the shells read it back."""
@@ -157,6 +161,7 @@ class IntentRecord:
         return self.first_delivery_at is not None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class IntentInfo:
     """What ``response.extensions["postonce"]`` says about the intent behind a response."""

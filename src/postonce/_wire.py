@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 
 from ._exceptions import ConfigurationError, InvalidKey, InvalidRequest
+from ._frozen import quick_init
 from ._keys import canonical_form, check_form, check_key, fingerprint, mint_key
 from ._sender import DEFAULT_SECRET_PARAMS, origin_of
 from .providers import Provider
@@ -38,6 +39,7 @@ UNSET: Any = _Unset()
 HeaderInput = Mapping[str, str] | Sequence[tuple[str, str]] | httpx.Headers | None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Prepared:
     """A request ready to become an intent."""

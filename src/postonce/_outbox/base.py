@@ -17,11 +17,13 @@ from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from .._frozen import quick_init
 from .._intent import IntentRecord, Outcome, State, StoredResponse
 
 __all__ = ["AttemptRecord", "Census", "Lease", "NewIntent", "Opened", "Store", "run_calls"]
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class NewIntent:
     """An intent as a caller asks for it, before it is stored."""
@@ -45,6 +47,7 @@ class NewIntent:
     meta: str | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Lease:
     """The right to send one intent, until ``expires_at``, proven by ``token``."""
@@ -58,6 +61,7 @@ class Lease:
     fresh: bool = False
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Opened:
     """What ``open_intent`` found, and the lease it took if it took one."""
@@ -78,6 +82,7 @@ class Census:
     next_lease_expiry: float | None  # the earliest of those leases' expiries
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class AttemptRecord:
     """One send, as the attempts table keeps it."""

@@ -1,0 +1,63 @@
+"""``quick_init``: a frozen dataclass's ``__init__``, without its per-field lookups.
+
+One ``post_once`` makes about sixteen frozen records (the intent and its
+lease, the attempt, its step, the answer's info...), some 120 fields in all. A
+frozen dataclass's generated ``__init__`` sets each field through
+``object.__setattr__`` (its own ``__setattr__`` refuses), which looks the slot up
+again for every field: 28 fields cost ten times a mutable dataclass's
+``__init__``. :func:`quick_init` swaps in an ``__init__`` that calls each slot's
+descriptor, found once per class: about a third of the cost, and nothing else
+changes (signature, defaults, equality, hashing, immutability, ``replace``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any, TypeVar
+
+__all__ = ["quick_init"]
+
+_T = TypeVar("_T")
+
+
+def _shape(init: Any) -> list[tuple[str, Any, Any]]:
+    """An ``__init__``'s parameters as (name, kind, default), ``self`` left out."""
+    params = list(inspect.signature(init).parameters.values())[1:]
+    return [(p.name, p.kind, p.default) for p in params]
+
+
+def quick_init(cls: _T) -> _T:
+    """Give ``cls``, a ``dataclass(frozen=True, slots=True)``, an ``__init__`` of slot stores.
+
+    Refuses (``TypeError``) a class it cannot copy exactly: not frozen or not
+    slotted, or with a default factory, an init-only, keyword-only or non-init
+    field, or a ``__post_init__``.
+    """
+    assert isinstance(cls, type)
+    params = getattr(cls, "__dataclass_params__", None)
+    if params is None or not params.frozen or "__slots__" not in cls.__dict__:
+        raise TypeError(f"{cls.__name__} is not a dataclass(frozen=True, slots=True)")
+    fields = dataclasses.fields(cls)
+    if hasattr(cls, "__post_init__") or any(
+        f.default_factory is not dataclasses.MISSING or not f.init or f.kw_only for f in fields
+    ):
+        raise TypeError(f"{cls.__name__}: quick_init copies plain fields only")
+    namespace: dict[str, Any] = {}
+    signature = []
+    for f in fields:
+        namespace[f"_set_{f.name}"] = getattr(cls, f.name).__set__
+        if f.default is dataclasses.MISSING:
+            signature.append(f.name)
+        else:
+            namespace[f"_default_{f.name}"] = f.default
+            signature.append(f"{f.name}=_default_{f.name}")
+    body = "".join(f"    _set_{f.name}(self, {f.name})\n" for f in fields) or "    pass\n"
+    # Generated once per class, from its own field names, as dataclasses does.
+    exec(f"def __init__(self, {', '.join(signature)}):\n{body}", namespace)  # noqa: S102
+    init = namespace["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    if _shape(init) != _shape(cls.__dict__["__init__"]):  # pragma: no cover (dataclasses changed)
+        raise TypeError(f"{cls.__name__}: quick_init would change the signature")
+    cls.__init__ = init  # type: ignore[misc]
+    return cls

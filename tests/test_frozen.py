@@ -1,0 +1,141 @@
+"""``quick_init``: a frozen dataclass's ``__init__`` made cheap, and nothing else changed."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from postonce._engine import Budget, Step
+from postonce._flow import Callback, Send, Sender, Sleep, StoreCall, _Tried, _Wire
+from postonce._frozen import quick_init
+from postonce._intent import IntentInfo, IntentRecord, StoredResponse
+from postonce._outbox.base import AttemptRecord, Lease, NewIntent, Opened
+from postonce._wire import Prepared
+
+
+@dataclass(frozen=True, slots=True)
+class Plain:
+    a: int
+    b: str
+    c: float | None = None
+    d: tuple[int, ...] = ()
+
+
+@quick_init
+@dataclass(frozen=True, slots=True)
+class Quick:
+    a: int
+    b: str
+    c: float | None = None
+    d: tuple[int, ...] = ()
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [
+        pytest.param((1, "x"), {}, id="defaults"),
+        pytest.param((1, "x", 2.5, (3,)), {}, id="positional"),
+        pytest.param((), {"b": "x", "a": 1, "d": (4, 5)}, id="keywords"),
+        pytest.param((1,), {"b": "x", "c": None}, id="mixed"),
+    ],
+)
+def test_a_quick_init_record_is_the_plain_one(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    """Same fields, repr, equality, hash and replace as the dataclass's own __init__ gives."""
+    plain, quick = Plain(*args, **kwargs), Quick(*args, **kwargs)
+    assert dataclasses.astuple(quick) == dataclasses.astuple(plain)
+    assert repr(quick) == repr(plain).replace("Plain", "Quick")
+    assert quick == Quick(*args, **kwargs)
+    assert hash(quick) == hash(Quick(*args, **kwargs))
+    assert dataclasses.replace(quick, a=9).a == 9
+
+
+def test_a_quick_init_record_stays_frozen() -> None:
+    """Setting a field still raises FrozenInstanceError; there is still no __dict__."""
+    quick = Quick(1, "x")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        quick.a = 2  # type: ignore[misc]
+    assert not hasattr(quick, "__dict__")
+
+
+def test_wrong_calls_fail_as_before() -> None:
+    """A missing or unknown argument is a TypeError, as with the dataclass's own __init__."""
+    with pytest.raises(TypeError):
+        Quick(1)  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        Quick(1, "x", e=3)  # type: ignore[call-arg]
+
+
+def _mutable() -> type:
+    @dataclass(slots=True)
+    class Mutable:
+        a: int
+
+    return Mutable
+
+
+def _unslotted() -> type:
+    @dataclass(frozen=True)
+    class Unslotted:
+        a: int
+
+    return Unslotted
+
+
+def _factory() -> type:
+    @dataclass(frozen=True, slots=True)
+    class Factory:
+        a: list[int] = field(default_factory=list)
+
+    return Factory
+
+
+def _post_init() -> type:
+    @dataclass(frozen=True, slots=True)
+    class PostInit:
+        a: int
+
+        def __post_init__(self) -> None:
+            pass
+
+    return PostInit
+
+
+def _kw_only() -> type:
+    @dataclass(frozen=True, slots=True, kw_only=True)
+    class KwOnly:
+        a: int
+
+    return KwOnly
+
+
+@pytest.mark.parametrize("make", [_mutable, _unslotted, _factory, _post_init, _kw_only])
+def test_a_class_it_cannot_copy_exactly_is_refused(make: Any) -> None:
+    """quick_init refuses what its __init__ would not reproduce."""
+    with pytest.raises(TypeError):
+        quick_init(make())
+
+
+@pytest.mark.parametrize(
+    "cls",
+    [
+        StoredResponse, IntentRecord, IntentInfo, NewIntent, Lease, Opened, AttemptRecord,
+        Prepared, Step, Budget, StoreCall, Send, Sleep, Sender, Callback, _Wire, _Tried,
+    ],
+)  # fmt: skip
+def test_the_hot_records_take_their_fields_as_declared(cls: type) -> None:
+    """Each record the hot path makes has one parameter per field, with the field's default."""
+    params = list(inspect.signature(cls).parameters.values())
+    declared = [
+        (f.name, inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default)
+        for f in dataclasses.fields(cls)
+    ]
+    assert [(p.name, p.default) for p in params] == declared
+    init = cls.__dict__["__init__"]
+    assert init.__qualname__ == f"{cls.__qualname__}.__init__"
+    assert init.__code__.co_names[0].startswith("_set_")  # quick_init's, not dataclasses'
