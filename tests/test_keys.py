@@ -26,13 +26,19 @@ ALL_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) not in '"\\')
 
 
 def test_mint_key_is_canonical_uuid4() -> None:
-    """mint_key returns a lower-case, hyphenated, version-4 RFC 4122 UUID."""
-    key = mint_key()
-    assert CANONICAL_UUID4.fullmatch(key), key
-    parsed = uuid.UUID(key)
-    assert parsed.version == 4
-    assert parsed.variant == uuid.RFC_4122
-    assert str(parsed) == key
+    """mint_key returns a lower-case, hyphenated, version-4 RFC 4122 UUID, every time."""
+    keys = [mint_key() for _ in range(2000)]
+    for key in keys:
+        assert CANONICAL_UUID4.fullmatch(key), key
+        parsed = uuid.UUID(key)
+        assert parsed.version == 4
+        assert parsed.variant == uuid.RFC_4122
+        assert str(parsed) == key
+    # Every random hex position takes every value; the variant all four of its own.
+    hexes = [key.replace("-", "") for key in keys]
+    for position in (*range(12), *range(13, 16), *range(17, 32)):
+        assert {h[position] for h in hexes} == set("0123456789abcdef"), position
+    assert {h[16] for h in hexes} == set("89ab")
 
 
 def test_mint_key_is_fresh_each_time() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
-import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlencode
@@ -23,8 +23,15 @@ _RAW_SAFE = re.compile(r"[!#-\[\]-~]+")
 
 
 def mint_key() -> str:
-    """A fresh canonical UUIDv4: 36 characters, accepted by every built-in profile."""
-    return str(uuid.uuid4())
+    """A fresh canonical UUIDv4: 36 characters, accepted by every built-in profile.
+
+    ``str(uuid.uuid4())`` from the same 16 random bytes, spelled directly
+    (a third of the time: every ``post_once`` without ``key=`` mints one).
+    The version nibble is 4; the variant's two top bits are 10 (8, 9, a or b).
+    """
+    h = os.urandom(16).hex()
+    variant = "89ab"[int(h[16], 16) & 3]
+    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{variant}{h[17:20]}-{h[20:]}"
 
 
 def check_key(key: object, provider: Provider, *, reference: str | None) -> str:
