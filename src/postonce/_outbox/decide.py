@@ -67,7 +67,7 @@ _TERMINAL_VALUES = frozenset(s.value for s in TERMINAL)
 #: Ended intents whose exit from the lease index a store defers, then takes out
 #: in one statement (see :func:`lease_exit_deferred`).
 LEASE_SWEEP = 32
-_LEASE = ("lease_owner", "lease_expires_at")
+_ABSENT = object()
 
 #: Why a new intent whose key another reference holds is refused.
 KEY_TAKEN = "this key already belongs to another intent"
@@ -318,10 +318,15 @@ def lease_exit_deferred(changes: Changes) -> Changes | None:
     state that hands the lease back (no owner, no expiry) is deferred; the row's
     empty ``lease_owner`` is what says its expiry is stale.
     """
-    hands_back = all(column in changes and changes[column] is None for column in _LEASE)
-    if changes.get("state") not in _TERMINAL_VALUES or not hands_back:
+    hands_back = (
+        changes.get("lease_owner", _ABSENT) is None
+        and changes.get("lease_expires_at", _ABSENT) is None
+    )
+    if not hands_back or changes.get("state") not in _TERMINAL_VALUES:
         return None
-    return {column: value for column, value in changes.items() if column != "lease_expires_at"}
+    deferred = dict(changes)
+    del deferred["lease_expires_at"]
+    return deferred
 
 
 def carried(lease: Lease, number: int, attempt: AttemptRecord, changes: Changes) -> bool:
