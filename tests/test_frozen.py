@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any
 
 import pytest
@@ -114,7 +114,22 @@ def _kw_only() -> type:
     return KwOnly
 
 
-@pytest.mark.parametrize("make", [_mutable, _unslotted, _factory, _post_init, _kw_only])
+def _init_var() -> type:
+    @dataclass(frozen=True, slots=True)
+    class WithInitVar:
+        a: int
+        b: InitVar[int]
+
+    return WithInitVar
+
+
+def _self_field() -> type:
+    return dataclasses.make_dataclass("SelfField", [("self", int)], frozen=True, slots=True)
+
+
+@pytest.mark.parametrize(
+    "make", [_mutable, _unslotted, _factory, _post_init, _kw_only, _init_var, _self_field]
+)
 def test_a_class_it_cannot_copy_exactly_is_refused(make: Any) -> None:
     """quick_init refuses what its __init__ would not reproduce."""
     with pytest.raises(TypeError):
@@ -138,4 +153,7 @@ def test_the_hot_records_take_their_fields_as_declared(cls: type) -> None:
     assert [(p.name, p.default) for p in params] == declared
     init = cls.__dict__["__init__"]
     assert init.__qualname__ == f"{cls.__qualname__}.__init__"
+    assert init.__module__ == cls.__module__
+    annotated = {name: kind for name, kind in init.__annotations__.items() if name != "return"}
+    assert list(annotated) == [f.name for f in dataclasses.fields(cls)]  # help() shows types
     assert init.__code__.co_names[0].startswith("_set_")  # quick_init's, not dataclasses'

@@ -7,6 +7,8 @@ import hashlib
 import os
 import sqlite3
 import stat
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -372,6 +374,118 @@ def test_a_sweep_that_fails_fails_no_call(outbox_path: Path) -> None:
     finally:
         store.close()
     assert lease_index(outbox_path) == []
+
+
+def test_a_claim_for_some_origins_takes_out_the_ended_intents_of_others(
+    outbox_path: Path,
+) -> None:
+    """The lease arm walks the sender's entries of every origin; so does the clean-up,
+    or a drain limited to origin A would walk origin B's leftovers on every claim."""
+    store = SQLiteStore(outbox_path, durability="normal")
+    for n in range(20):
+        to_b = dataclasses.replace(
+            new_intent(f"b-{n}", f"k-{n}", sender="s"),
+            url="http://b.test/c",
+            origin="http://b.test:80",
+        )
+        opened = store.open_intent(to_b, owner="a", now=1000.0, lease_for=10)
+        assert answer(store, opened.lease) is True
+    store._left.clear()  # as a process killed before its sweep leaves them
+    store.close()
+    assert len(lease_index(outbox_path)) == 20
+    drain = SQLiteStore(outbox_path, durability="normal")
+    try:
+        claimed = drain.claim_due(
+            owner="d", now=5000.0, limit=10, lease_for=30, sender="s", origins=["http://a.test:80"]
+        )
+        assert claimed == []
+        assert lease_index(outbox_path) == []
+    finally:
+        drain.close()
+
+
+def test_a_batch_undone_and_run_again_loses_no_sweep(outbox_path: Path) -> None:
+    """In a batch the sweep waits for the batch's end: a pass rolled back (a call that
+    fails makes run_batch run them again in savepoints) cannot undo it unseen."""
+    store = SQLiteStore(outbox_path, durability="normal")
+    for n in range(LEASE_SWEEP - 1):
+        opened = store.open_intent(
+            new_intent(f"r-{n}", f"k-{n}"), owner="a", now=1000.0, lease_for=10
+        )
+        assert answer(store, opened.lease) is True
+    last = store.open_intent(new_intent("x", "k-x"), owner="a", now=1000.0, lease_for=10)
+    record = {
+        "lease": last.lease,
+        "attempt": AttemptRecord(1000.0, 0.1, Outcome.FINAL, 201, None, False),
+        "state": State.SUCCEEDED,
+        "anchor": 1000.0,
+        "due_at": None,
+        "lease_until": None,
+        "response": None,
+        "note": None,
+        "durable": False,
+    }
+    clash = {"new": new_intent("other", "k-0"), "owner": "a", "now": 1000.0, "lease_for": 10}
+    (recorded, refused) = store.run_batch([("record", record), ("open_intent", clash)])
+    assert recorded == (True, True)
+    assert isinstance(refused[1], postonce.IntentConflict)
+    assert lease_index(outbox_path) == []  # swept after the batch, the 32nd ended intent
+    store.close()
+
+
+_EXIT_WITHOUT_CLOSE = """
+import sys
+from postonce import SQLiteStore
+from tests.test_outbox import answer, new_intent
+store = SQLiteStore(sys.argv[1], durability="normal")
+for n in range(5):
+    opened = store.open_intent(new_intent(f"r-{n}", f"k-{n}"), owner="a", now=1000.0, lease_for=10)
+    assert answer(store, opened.lease)
+assert len(store._left) == 5
+"""
+
+
+def test_a_process_that_exits_without_close_sweeps(outbox_path: Path) -> None:
+    """The ended intents of a store never closed leave the lease index at interpreter exit."""
+    done = subprocess.run(
+        [sys.executable, "-c", _EXIT_WITHOUT_CLOSE, str(outbox_path)],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert lease_index(outbox_path) == []
+
+
+_FORKED_CHILD_EXITS = """
+import os, sys
+from postonce import SQLiteStore
+from tests.test_outbox import answer, new_intent
+store = SQLiteStore(sys.argv[1], durability="normal")
+opened = store.open_intent(new_intent("r-0", "k-0"), owner="a", now=1000.0, lease_for=10)
+assert answer(store, opened.lease)
+pid = os.fork()
+if pid == 0:
+    sys.exit(0)  # runs the child's exit hooks: they must leave the parent's connection alone
+os.waitpid(pid, 0)
+print(len(store._left))
+os._exit(0)  # the parent skips its own: the entry is still there
+"""
+
+
+def test_a_forked_child_leaves_its_parents_outbox_alone(outbox_path: Path) -> None:
+    """The exit sweep runs only in the process that opened the store, never in a fork."""
+    done = subprocess.run(
+        [sys.executable, "-c", _FORKED_CHILD_EXITS, str(outbox_path)],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "1"
+    assert lease_index(outbox_path) == [("r-0", 1010.0)]
 
 
 def test_a_v4_outbox_is_migrated_to_the_v5_lease_index(outbox_path: Path) -> None:

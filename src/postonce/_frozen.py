@@ -32,7 +32,7 @@ def quick_init(cls: _T) -> _T:
 
     Refuses (``TypeError``) a class it cannot copy exactly: not frozen or not
     slotted, or with a default factory, an init-only, keyword-only or non-init
-    field, or a ``__post_init__``.
+    field, a field named ``self``, or a ``__post_init__``.
     """
     assert isinstance(cls, type)
     params = getattr(cls, "__dataclass_params__", None)
@@ -40,7 +40,8 @@ def quick_init(cls: _T) -> _T:
         raise TypeError(f"{cls.__name__} is not a dataclass(frozen=True, slots=True)")
     fields = dataclasses.fields(cls)
     if hasattr(cls, "__post_init__") or any(
-        f.default_factory is not dataclasses.MISSING or not f.init or f.kw_only for f in fields
+        f.default_factory is not dataclasses.MISSING or not f.init or f.kw_only or f.name == "self"
+        for f in fields
     ):
         raise TypeError(f"{cls.__name__}: quick_init copies plain fields only")
     namespace: dict[str, Any] = {}
@@ -56,8 +57,12 @@ def quick_init(cls: _T) -> _T:
     # Generated once per class, from its own field names, as dataclasses does.
     exec(f"def __init__(self, {', '.join(signature)}):\n{body}", namespace)  # noqa: S102
     init = namespace["__init__"]
-    init.__qualname__ = f"{cls.__qualname__}.__init__"
-    if _shape(init) != _shape(cls.__dict__["__init__"]):  # pragma: no cover (dataclasses changed)
+    generated = cls.__dict__["__init__"]
+    if _shape(init) != _shape(generated):  # an InitVar, or a change in dataclasses
         raise TypeError(f"{cls.__name__}: quick_init would change the signature")
+    # What help() and inspect.signature() show: the dataclass's own annotations.
+    init.__qualname__ = generated.__qualname__
+    init.__module__ = cls.__module__
+    init.__annotations__ = dict(generated.__annotations__)
     cls.__init__ = init  # type: ignore[misc]
     return cls

@@ -16,11 +16,15 @@ The schema is created and migrated with sqlite-utils; the version lives in
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import functools
 import logging
 import os
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -48,13 +52,25 @@ WAKE_ORDER = "CASE WHEN state = 'sending' THEN lease_expires_at ELSE due_at END,
 _ENDED = ", ".join(sorted(f"'{state.value}'" for state in TERMINAL))
 
 #: How many lease-index entries past the claim's own a claim looks at for ended
-#: intents to take out (left there by a process that exited before its sweep).
-_CLAIM_SWEEPS = LEASE_SWEEP * 8
+#: intents to take out (left there by a process killed before its sweep). Few:
+#: a claim stays O(limit).
+_CLAIM_SWEEPS = LEASE_SWEEP
 
 logger = logging.getLogger("postonce")
 
 
 Durability = Literal["full", "normal"]
+
+
+def _sweep_at_exit(ref: weakref.ReferenceType[SQLiteStore], pid: int) -> None:
+    """At interpreter exit: take a still-open store's ended intents out of its lease index.
+
+    Only in the process that opened it: a forked child must not touch its
+    parent's SQLite connection.
+    """
+    store = ref()
+    if store is not None and os.getpid() == pid:
+        store.close()
 
 
 def _create_private(path: Path) -> None:
@@ -111,6 +127,10 @@ class SQLiteStore(SQLStore):
         except OutboxError:
             self._conn.close()
             raise
+        # A process that exits without close() still sweeps (a killed one leaves the
+        # rest to the claims). Through a weak reference: the store may go first.
+        self._at_exit = functools.partial(_sweep_at_exit, weakref.ref(self), os.getpid())
+        atexit.register(self._at_exit)
 
     # -- what the SQL store asks of a backend --------------------------------
 
@@ -235,6 +255,8 @@ class SQLiteStore(SQLStore):
             if results is None:
                 results = self._batch_once(calls, durable, "savepoints")
             assert results is not None
+            if len(self._left) >= LEASE_SWEEP:
+                self._clear_leases()
             return results
 
     def _batch_once(
@@ -285,7 +307,9 @@ class SQLiteStore(SQLStore):
         """
         with self._lock:
             self._left.append(intent_id)
-            if len(self._left) >= LEASE_SWEEP:
+            # Inside a batch, the sweep waits for its end (run_batch): a batch
+            # undone and run again would undo the sweep with it.
+            if len(self._left) >= LEASE_SWEEP and getattr(self._local, "batch", None) is None:
                 self._clear_leases()
 
     def _clear_leases(self) -> None:
@@ -293,6 +317,8 @@ class SQLiteStore(SQLStore):
 
         Never fails the call it runs in: an error leaves the intents for the next
         sweep (at most a few sweeps' worth are kept; a claim takes out the rest).
+        Only ended rows with no lease owner change, so an id whose record did not
+        commit (a batch that failed) changes nothing.
         """
         with self._lock:
             ids, self._left = self._left, []
@@ -334,12 +360,15 @@ class SQLiteStore(SQLStore):
         # Ended intents whose lease expiry is still in the row (their process
         # exited before its sweep) sit among the expired leases the lease arm
         # walks: take out those within its reach, so no claim walks them twice.
+        # (By sender only: the lease arm walks the sender's entries of every origin,
+        # and an ended row is nobody's to send, whatever its origin.)
+        sender, whose = self._mine(Mine(mine.sender, None))
         conn.execute(
             "UPDATE intents SET lease_expires_at = NULL WHERE id IN ("
             " SELECT id FROM (SELECT id, state, lease_owner FROM intents"
-            f"  WHERE lease_expires_at <= ?{only} ORDER BY lease_expires_at, id LIMIT ?)"
+            f"  WHERE lease_expires_at <= ?{sender} ORDER BY lease_expires_at, id LIMIT ?)"
             f" WHERE state IN ({_ENDED}) AND lease_owner IS NULL)",
-            (due_by, *params, limit + _CLAIM_SWEEPS),
+            (due_by, *whose, limit + _CLAIM_SWEEPS),
         )
         return conn.execute(
             f"SELECT {COLUMNS} FROM intents WHERE id IN ("
@@ -369,5 +398,11 @@ class SQLiteStore(SQLStore):
 
     def close(self) -> None:
         with self._lock:
-            self._clear_leases()
+            atexit.unregister(self._at_exit)
+            if self._left:
+                # A tidy-up, not worth a long wait behind another process's write
+                # (a connection closed already: _clear_leases finds it so too).
+                with contextlib.suppress(sqlite3.Error):
+                    self._conn.execute("PRAGMA busy_timeout = 100")
+                self._clear_leases()
             self._conn.close()
