@@ -433,6 +433,19 @@ def test_a_batch_undone_and_run_again_loses_no_sweep(outbox_path: Path) -> None:
     store.close()
 
 
+def run_script(script: str, outbox_path: Path) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` in a new interpreter (from the repository root) on ``outbox_path``."""
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(outbox_path)],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done
+
+
 _EXIT_WITHOUT_CLOSE = """
 import sys
 from postonce import SQLiteStore
@@ -447,14 +460,7 @@ assert len(store._left) == 5
 
 def test_a_process_that_exits_without_close_sweeps(outbox_path: Path) -> None:
     """The ended intents of a store never closed leave the lease index at interpreter exit."""
-    done = subprocess.run(
-        [sys.executable, "-c", _EXIT_WITHOUT_CLOSE, str(outbox_path)],
-        cwd=Path(__file__).resolve().parent.parent,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
+    run_script(_EXIT_WITHOUT_CLOSE, outbox_path)
     assert lease_index(outbox_path) == []
 
 
@@ -476,14 +482,7 @@ os._exit(0)  # the parent skips its own: the entry is still there
 
 def test_a_forked_child_leaves_its_parents_outbox_alone(outbox_path: Path) -> None:
     """The exit sweep runs only in the process that opened the store, never in a fork."""
-    done = subprocess.run(
-        [sys.executable, "-c", _FORKED_CHILD_EXITS, str(outbox_path)],
-        cwd=Path(__file__).resolve().parent.parent,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
+    done = run_script(_FORKED_CHILD_EXITS, outbox_path)
     assert done.stdout.strip() == "1"
     assert lease_index(outbox_path) == [("r-0", 1010.0)]
 
