@@ -51,9 +51,6 @@ class SQLStore(StoreBase):
     #: A write of one statement is cheaper alone than in a transaction
     #: (:meth:`_write_alone`): the hot path's one-statement writes take it.
     one_statement_writes: ClassVar[bool] = False
-    #: The record that ends an intent leaves its lease expiry in the row, for
-    #: :meth:`_lease_left` to clear later, many at once (decide.lease_exit_deferred).
-    defers_lease_exit: ClassVar[bool] = False
 
     def __init__(self, intents: str, attempts: str) -> None:
         self._tables = {"intents": intents, "attempts": attempts}
@@ -305,17 +302,6 @@ class SQLStore(StoreBase):
     def _record(
         self, lease: Lease, attempt: AttemptRecord, changes: decide.Changes, *, durable: bool
     ) -> bool:
-        deferred = decide.lease_exit_deferred(changes) if self.defers_lease_exit else None
-        if deferred is not None:
-            changes = deferred
-        recorded = self._record_row(lease, attempt, changes, durable=durable)
-        if recorded and deferred is not None:
-            self._lease_left(lease.intent_id)
-        return recorded
-
-    def _record_row(
-        self, lease: Lease, attempt: AttemptRecord, changes: decide.Changes, *, durable: bool
-    ) -> bool:
         if (
             self.one_statement_writes
             and self.carries_first_attempt
@@ -342,12 +328,6 @@ class SQLStore(StoreBase):
                 )
                 conn.execute(insert, tuple(row.values()))
             return True
-
-    def _lease_left(self, intent_id: int) -> None:
-        """An ended intent's lease expiry was left in its row (:attr:`defers_lease_exit`).
-
-        The backend takes it out of its lease index later, with others.
-        """
 
     def _count_attempt(
         self, conn: Any, lease: Lease, changes: decide.Changes, *, first: bool

@@ -35,6 +35,8 @@ import sqlite_utils
 from .._engine import CLOCK_TOLERANCE
 from .._exceptions import OutboxError
 from .._intent import TERMINAL
+from . import decide
+from .base import AttemptRecord, Lease
 from .decide import LEASE_SWEEP
 from .migrations.sqlite import MIGRATIONS, SCHEMA_VERSION
 from .rows import COLUMNS, needs_durable, newer_schema
@@ -47,9 +49,11 @@ __all__ = ["SCHEMA_VERSION", "WAKE_ORDER", "SQLiteStore"]
 #: due time, a sending row's lease expiry), then id.
 WAKE_ORDER = "CASE WHEN state = 'sending' THEN lease_expires_at ELSE due_at END, id"
 
-#: The terminal states, as SQL literals: with no lease owner, a row whose lease
-#: expiry means nothing (rows.decode_row reads it as None).
-_ENDED = ", ".join(sorted(f"'{state.value}'" for state in TERMINAL))
+#: An ended row that handed its lease back: its lease expiry, if any is left,
+#: means nothing (decide.lease_exit_deferred; rows.decode_row reads it as None).
+_LEASE_ENDED = "state IN ({}) AND lease_owner IS NULL".format(
+    ", ".join(sorted(f"'{state.value}'" for state in TERMINAL))
+)
 
 #: How many lease-index entries past the claim's own a claim looks at for ended
 #: intents to take out (left there by a process killed before its sweep). Few:
@@ -89,7 +93,6 @@ class SQLiteStore(SQLStore):
 
     integrity_errors = (sqlite3.IntegrityError,)
     one_statement_writes = True
-    defers_lease_exit = True
 
     def __init__(
         self,
@@ -107,7 +110,7 @@ class SQLiteStore(SQLStore):
         self._lock = threading.RLock()
         self._local = threading.local()
         self._sync: str | None = None
-        self._left: list[int] = []  # ended intents still in the lease index (_lease_left)
+        self._left: list[int] = []  # ended intents still in the lease index (_record)
         if not create and not self.path.exists():
             raise OutboxError(f"no outbox at {self.path}")
         try:
@@ -298,19 +301,29 @@ class SQLiteStore(SQLStore):
             return [(False, error) for _ in calls]
         return results
 
-    def _lease_left(self, intent_id: int) -> None:
-        """Take ended intents out of the lease index, :data:`LEASE_SWEEP` at a time.
+    def _record(
+        self, lease: Lease, attempt: AttemptRecord, changes: decide.Changes, *, durable: bool
+    ) -> bool:
+        """A record that ends the intent leaves its lease expiry for a sweep of many.
 
-        Their rows sit side by side at the table's end, as do their entries at
-        the index's: one statement rewrites a few pages for all of them, where
-        each answer would have written the index's page once more on its own.
+        The write-ahead put the intent in the lease index; taking it out with
+        the answer would write that index's page in a second commit. Its rows
+        sit side by side at the table's end, as do their entries at the
+        index's: one statement (:meth:`_clear_leases`) rewrites a few pages for
+        :data:`LEASE_SWEEP` of them.
         """
+        deferred = decide.lease_exit_deferred(changes)
+        if deferred is None:
+            return super()._record(lease, attempt, changes, durable=durable)
+        if not super()._record(lease, attempt, deferred, durable=durable):
+            return False
         with self._lock:
-            self._left.append(intent_id)
+            self._left.append(lease.intent_id)
             # Inside a batch, the sweep waits for its end (run_batch): a batch
             # undone and run again would undo the sweep with it.
             if len(self._left) >= LEASE_SWEEP and getattr(self._local, "batch", None) is None:
                 self._clear_leases()
+        return True
 
     def _clear_leases(self) -> None:
         """Clear the lease expiry of the ended intents in :attr:`_left`, in one statement.
@@ -330,7 +343,7 @@ class SQLiteStore(SQLStore):
                     conn.execute(
                         "UPDATE intents SET lease_expires_at = NULL"
                         f" WHERE id IN ({marks}) AND lease_expires_at IS NOT NULL"
-                        f" AND state IN ({_ENDED}) AND lease_owner IS NULL",
+                        f" AND {_LEASE_ENDED}",
                         ids,
                     )
             except (OutboxError, sqlite3.Error) as exc:
@@ -367,7 +380,7 @@ class SQLiteStore(SQLStore):
             "UPDATE intents SET lease_expires_at = NULL WHERE id IN ("
             " SELECT id FROM (SELECT id, state, lease_owner FROM intents"
             f"  WHERE lease_expires_at <= ?{sender} ORDER BY lease_expires_at, id LIMIT ?)"
-            f" WHERE state IN ({_ENDED}) AND lease_owner IS NULL)",
+            f" WHERE {_LEASE_ENDED})",
             (due_by, *whose, limit + _CLAIM_SWEEPS),
         )
         return conn.execute(
