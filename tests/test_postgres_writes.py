@@ -192,19 +192,29 @@ def test_one_refused_write_in_a_group_fails_alone(store: PostgresStore) -> None:
     assert record(store, claimed[0].lease)  # type: ignore[arg-type]
 
 
-def test_a_record_and_a_read_are_one_round_trip_each(store: PostgresStore) -> None:
-    """The hot path's cost, counted from libpq's trace: a record (BEGIN to COMMIT) and a read."""
+@contextmanager
+def one_connection_and_a_lease(
+    store: PostgresStore, *, check_connections: bool
+) -> Iterator[tuple[PostgresStore, Lease]]:
+    """A second store on ``store``'s schema with one pooled connection, and a claimed lease."""
     due_intents(store, 1)
     (opened,) = store.claim_due(owner="drain/1", now=1010.0, limit=1, lease_for=30.0)
-    lease = opened.lease
-    assert lease is not None
+    assert opened.lease is not None
     base, schema = split_schema(f"{PG_URL}?schema={store.schema}")
-    quiet = PostgresStore(base, schema=schema, min_size=1, max_size=1, check_connections=False)
+    single = PostgresStore(
+        base, schema=schema, min_size=1, max_size=1, check_connections=check_connections
+    )
     try:
+        yield single, opened.lease
+    finally:
+        single.close()
+
+
+def test_a_record_and_a_read_are_one_round_trip_each(store: PostgresStore) -> None:
+    """The hot path's cost, counted from libpq's trace: a record (BEGIN to COMMIT) and a read."""
+    with one_connection_and_a_lease(store, check_connections=False) as (quiet, lease):
         assert round_trips(quiet, lambda: record(quiet, lease, durable=True)) == 1
         assert round_trips(quiet, lambda: quiet.get("r-0")) == 1
-    finally:
-        quiet.close()
 
 
 def round_trips(store: PostgresStore, call: Callable[[], object]) -> int:
@@ -341,16 +351,8 @@ def test_a_terminated_idle_connection_costs_no_failed_call(pg_outbox: str) -> No
 
 def test_a_quiet_connection_is_checked_without_a_round_trip(store: PostgresStore) -> None:
     """With check_connections (the default), a record is still one round trip."""
-    due_intents(store, 1)
-    (opened,) = store.claim_due(owner="drain/1", now=1010.0, limit=1, lease_for=30.0)
-    lease = opened.lease
-    assert lease is not None
-    base, schema = split_schema(f"{PG_URL}?schema={store.schema}")
-    checked = PostgresStore(base, schema=schema, min_size=1, max_size=1)
-    try:
+    with one_connection_and_a_lease(store, check_connections=True) as (checked, lease):
         assert round_trips(checked, lambda: record(checked, lease)) == 1
-    finally:
-        checked.close()
 
 
 def test_a_writer_interrupted_while_queued_does_not_stop_the_group(
