@@ -61,6 +61,22 @@ def record(
     return record_final(store, lease, state=state, status=status, durable=durable)
 
 
+def record_503(store: PostgresStore, lease: Lease, *, keep_until: float | None) -> bool:
+    """Record a retryable 503, due again at 1011: the lease kept until ``keep_until``
+    (a foreground retry, still sending), or handed back (None: left pending)."""
+    return store.record(
+        lease,
+        AttemptRecord(1010.0, 0.1, Outcome.RETRYABLE, 503, None, False),
+        state=State.SENDING if keep_until is not None else State.PENDING,
+        anchor=1010.0,
+        due_at=1011.0,
+        lease_until=keep_until,
+        response=None,
+        note=None,
+        durable=False,
+    )
+
+
 def due_intents(store: PostgresStore, count: int) -> None:
     """``count`` intents written ahead at t=1000 by an owner whose lease ran out at 1001."""
     for i in range(count):
@@ -114,17 +130,7 @@ def test_attempts_are_numbered_by_the_row_under_the_fence(store: PostgresStore) 
     (opened,) = store.claim_due(owner="drain/1", now=1010.0, limit=10, lease_for=30.0)
     assert opened.lease is not None
     for _ in range(3):
-        assert store.record(
-            opened.lease,
-            AttemptRecord(1010.0, 0.1, Outcome.RETRYABLE, 503, None, False),
-            state=State.SENDING,
-            anchor=1010.0,
-            due_at=1011.0,
-            lease_until=1100.0,
-            response=None,
-            note=None,
-            durable=False,
-        )
+        assert record_503(store, opened.lease, keep_until=1100.0)
     assert committed_attempts(store, "r-0") == [(1, "drain/1"), (2, "drain/1"), (3, "drain/1")]
     assert record(store, opened.lease, state=State.FAILED, status=400, durable=True)
     found = store.get("r-0")
@@ -251,17 +257,7 @@ def test_a_terminal_record_notifies_on_commit(store: PostgresStore) -> None:
     assert second.lease is not None
     with psycopg.connect(store.url, autocommit=True) as listener:
         listener.execute(f'LISTEN "{store._channel}"')
-        assert store.record(
-            first.lease,
-            AttemptRecord(1010.0, 0.1, Outcome.RETRYABLE, 503, None, False),
-            state=State.PENDING,
-            anchor=1010.0,
-            due_at=1011.0,
-            lease_until=None,
-            response=None,
-            note=None,
-            durable=False,
-        )
+        assert record_503(store, first.lease, keep_until=None)
         assert record(store, second.lease)
         heard = [n.payload for n in listener.notifies(timeout=1.0, stop_after=2)]
     assert heard == [str(second.record.id)]
