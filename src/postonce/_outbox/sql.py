@@ -74,8 +74,6 @@ class SQLStore(StoreBase):
         A backend may run the statement as its own transaction instead (SQLite's
         autocommit: no BEGIN and COMMIT statements). The statement's result must
         be read to its end (``fetchall``) inside the block: that is its commit.
-        :meth:`_ended` is called inside the block too, so a backend that notifies
-        waiters must keep this a transaction.
         """
         return self._write(durable)
 
@@ -302,18 +300,6 @@ class SQLStore(StoreBase):
     def _record(
         self, lease: Lease, attempt: AttemptRecord, changes: decide.Changes, *, durable: bool
     ) -> bool:
-        if (
-            self.one_statement_writes
-            and self.carries_first_attempt
-            and decide.carried(lease, 1, attempt, changes)
-        ):
-            # A first attempt the intent row carries is one statement (its own
-            # transaction); a later one matches no row here and is recorded
-            # below, with its attempts row.
-            with self._write_alone(durable=durable) as conn:
-                if self._count_attempt(conn, lease, changes, first=True) is not None:
-                    self._ended(conn, lease.intent_id, changes)
-                    return True
         with self._write(durable=durable) as conn:
             number = self._count_attempt(conn, lease, changes, first=False)
             if number is None:

@@ -304,19 +304,26 @@ class SQLiteStore(SQLStore):
     def _record(
         self, lease: Lease, attempt: AttemptRecord, changes: decide.Changes, *, durable: bool
     ) -> bool:
-        """A record that ends the intent leaves its lease expiry for a sweep of many.
+        """The shared record, with two economies of this file's pages and statements.
 
-        The write-ahead put the intent in the lease index; taking it out with
-        the answer would write that index's page in a second commit. Its rows
-        sit side by side at the table's end, as do their entries at the
-        index's: one statement (:meth:`_clear_leases`) rewrites a few pages for
-        :data:`LEASE_SWEEP` of them.
+        A first attempt the intent row carries (``decide.carried``) is one
+        statement, its own transaction; a later one matches no row there and
+        takes the shared path, with its attempts row.
+
+        A record that ends the intent leaves its lease expiry for a sweep of
+        many: the write-ahead put the intent in the lease index, and taking it
+        out with the answer would write that index's page in a second commit.
+        The rows sit side by side at the table's end, as do their entries at
+        the index's: one statement (:meth:`_clear_leases`) rewrites a few pages
+        for :data:`LEASE_SWEEP` of them.
         """
         deferred = decide.lease_exit_deferred(changes)
-        if deferred is None:
-            return super()._record(lease, attempt, changes, durable=durable)
-        if not super()._record(lease, attempt, deferred, durable=durable):
-            return False
+        written = changes if deferred is None else deferred
+        recorded = self._carried_alone(lease, attempt, written, durable=durable) or super()._record(
+            lease, attempt, written, durable=durable
+        )
+        if not recorded or deferred is None:
+            return recorded
         with self._lock:
             self._left.append(lease.intent_id)
             # Inside a batch, the sweep waits for its end (run_batch): a batch
@@ -324,6 +331,15 @@ class SQLiteStore(SQLStore):
             if len(self._left) >= LEASE_SWEEP and getattr(self._local, "batch", None) is None:
                 self._clear_leases()
         return True
+
+    def _carried_alone(
+        self, lease: Lease, attempt: AttemptRecord, changes: decide.Changes, *, durable: bool
+    ) -> bool:
+        """Record a first attempt the intent row carries, in one autocommit statement."""
+        if not decide.carried(lease, 1, attempt, changes):
+            return False
+        with self._write_alone(durable=durable) as conn:
+            return self._count_attempt(conn, lease, changes, first=True) is not None
 
     def _clear_leases(self) -> None:
         """Clear the lease expiry of the ended intents in :attr:`_left`, in one statement.
