@@ -270,6 +270,61 @@ def test_a_first_try_answer_is_one_statement(outbox_path: Path) -> None:
     # Schema v5: the answer leaves the lease expiry for a later sweep of many.
     (update,) = [s for s in trace if s.startswith("UPDATE")]
     assert "lease_expires_at" not in update
+    # Nothing read back: a RETURNING clause costs SQLite an ephemeral table.
+    assert not [s for s in trace if "RETURNING" in s or "ON CONFLICT" in s]
+
+
+def test_a_key_the_schema_refuses_is_a_conflict_not_the_previous_row(outbox_path: Path) -> None:
+    """SQLite: a new intent a key trigger drops (RAISE(IGNORE)) is refused as a key clash.
+
+    The dropped INSERT counts no change, and the connection's last insert id
+    still names the intent written before it: taking that id would hand the
+    caller another intent's lease.
+    """
+    store = SQLiteStore(outbox_path, durability="normal")
+    try:
+        unnamed = store.open_intent(new_intent("K1", "K1"), owner="a", now=1000.0, lease_for=10)
+        with pytest.raises(postonce.IntentConflict):
+            store.open_intent(new_intent("order-1", "K1"), owner="a", now=1000.0, lease_for=10)
+        named = store.open_intent(new_intent("order-2", "K2"), owner="a", now=1000.0, lease_for=10)
+        with pytest.raises(postonce.IntentConflict):
+            store.open_intent(new_intent("K2", "K2"), owner="a", now=1000.0, lease_for=10)
+        assert [store.get("order-1"), store.get("K2")] == [None, None]
+        assert answer(store, unnamed.lease) is True
+        assert answer(store, named.lease) is True
+    finally:
+        store.close()
+
+
+def test_a_stored_intent_opened_again_in_a_batch_leaves_the_batch_whole(
+    outbox_path: Path,
+) -> None:
+    """SQLite: inside a group commit, the INSERT of an intent already stored fails alone.
+
+    The batch's other calls commit with it, and the second open reads the
+    stored intent (no lease: the first holds it).
+    """
+    store = SQLiteStore(outbox_path, durability="normal")
+    try:
+        call = {"owner": "a", "now": 1000.0, "lease_for": 10}
+        results = store.run_batch(
+            [
+                ("open_intent", {"new": new_intent("r-1", "k-1"), **call}),
+                ("open_intent", {"new": new_intent("r-1", "k-1"), **call}),
+                ("open_intent", {"new": new_intent("r-2", "k-2"), **call}),
+            ]
+        )
+        assert [ok for ok, _ in results] == [True, True, True]
+        first, again, other = (result for _, result in results)
+        assert [first.lease is None, again.lease is None, other.lease is None] == [
+            False,
+            True,
+            False,
+        ]
+        assert again.record.id == first.record.id
+        assert store.stats(now=1000.0)["states"]["sending"] == 2
+    finally:
+        store.close()
 
 
 def lease_index(path: Path) -> list[tuple[str, float]]:

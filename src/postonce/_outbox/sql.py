@@ -48,8 +48,8 @@ class SQLStore(StoreBase):
     skip_locked: ClassVar[str] = ""
     #: The driver's unique-violation errors (an INSERT racing another).
     integrity_errors: ClassVar[tuple[type[Exception], ...]] = ()
-    #: A write of one statement is cheaper alone than in a transaction
-    #: (:meth:`_write_alone`): the hot path's one-statement writes take it.
+    #: A new intent's row is cheaper as one statement, its own transaction
+    #: (:meth:`_insert_alone`), tried before the general path.
     one_statement_writes: ClassVar[bool] = False
 
     def __init__(self, intents: str, attempts: str) -> None:
@@ -68,14 +68,13 @@ class SQLStore(StoreBase):
         unique violation as one of :attr:`integrity_errors`.
         """
 
-    def _write_alone(self, durable: bool) -> AbstractContextManager[Any]:
-        """A write of ONE statement; yields a connection. By default a transaction (:meth:`_write`).
+    def _insert_alone(self, row: decide.Changes) -> int | None:
+        """A new intent's row as one statement of its own: its id, or None if nothing was written.
 
-        A backend may run the statement as its own transaction instead (SQLite's
-        autocommit: no BEGIN and COMMIT statements). The statement's result must
-        be read to its end (``fetchall``) inside the block: that is its commit.
+        Only for a backend with :attr:`one_statement_writes`. None covers any
+        unique value already held (the general path reads which).
         """
-        return self._write(durable)
+        raise NotImplementedError
 
     @abstractmethod
     def _read(self, query: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
@@ -273,10 +272,9 @@ class SQLStore(StoreBase):
             if self.one_statement_writes:
                 # The common case, a new intent, is one statement: its own
                 # transaction. Any conflict is read and decided below.
-                with self._write_alone(durable=True) as conn:
-                    inserted = conn.execute(insert, tuple(row.values())).fetchall()
-                if inserted:
-                    return decide.created(new, int(inserted[0][0]), lease, now)
+                intent_id = self._insert_alone(row)
+                if intent_id is not None:
+                    return decide.created(new, intent_id, lease, now)
                 tried = True
             with self._write(durable=True) as conn:
                 # After a statement alone that clashed, the stored intent is read
@@ -301,7 +299,7 @@ class SQLStore(StoreBase):
         self, lease: Lease, attempt: AttemptRecord, changes: decide.Changes, *, durable: bool
     ) -> bool:
         with self._write(durable=durable) as conn:
-            number = self._count_attempt(conn, lease, changes, first=False)
+            number = self._count_attempt(conn, lease, changes)
             if number is None:
                 return False
             self._ended(conn, lease.intent_id, changes)
@@ -315,21 +313,17 @@ class SQLStore(StoreBase):
                 conn.execute(insert, tuple(row.values()))
             return True
 
-    def _count_attempt(
-        self, conn: Any, lease: Lease, changes: decide.Changes, *, first: bool
-    ) -> int | None:
+    def _count_attempt(self, conn: Any, lease: Lease, changes: decide.Changes) -> int | None:
         """Write ``changes`` and count one attempt, while the lease owns the row; its number.
 
-        ``first``: only if no attempt is counted yet. None: nothing matched.
+        None: nothing matched.
         """
         update = self._shaped(
             "UPDATE {intents} SET {sets}, attempts = attempts + 1"
-            f" WHERE id = ? AND claim_token = ?{' AND attempts = 0' if first else ''}"
-            " RETURNING attempts",
+            " WHERE id = ? AND claim_token = ? RETURNING attempts",
             tuple(changes),
         )
-        numbered = conn.execute(update, (*changes.values(), lease.intent_id, lease.token))
-        rows = numbered.fetchall()  # read to its end: a statement alone commits there
+        rows = conn.execute(update, (*changes.values(), lease.intent_id, lease.token)).fetchall()
         return int(rows[0][0]) if rows else None
 
     def _claim(
