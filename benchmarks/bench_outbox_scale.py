@@ -13,7 +13,10 @@ cancelled, expired), a few scheduled retries and live leases, and ``--due``
 (default 2,000) due intents spread through the table: pending ones whose due
 time has passed and sending ones whose lease ran out. PostgreSQL gets
 ``VACUUM ANALYZE`` after the fill, as autovacuum would; SQLite gets nothing,
-as postonce runs no ``ANALYZE``. The attempts table stays empty: none of the
+as postonce runs no ``ANALYZE``; its sweep watermark is set to the table's end,
+where the sweeps of the stores that wrote the rows would have left it (rows
+that bypass the store are not swept, and a first claim would walk them all
+once). The attempts table stays empty: none of the
 timed calls reads it. Then it times, through the store's own API:
 
 * ``claim_due``: what each drain batch calls (``limit=--limit``, default 32,
@@ -287,6 +290,9 @@ class SQLiteBackend(Backend):
                 f"INSERT INTO intents ({', '.join(COLUMNS)}) VALUES ({marks})",  # noqa: S608
                 rows,
             )
+            # The stores that wrote these rows would have swept their tails as they
+            # went (schema v6): the watermark stands at the table's end.
+            conn.execute("UPDATE intents_swept SET upto = (SELECT max(id) FROM intents)")
             conn.execute("COMMIT")
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
         finally:

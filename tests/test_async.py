@@ -93,6 +93,7 @@ def test_no_sql_runs_on_the_event_loop_thread(outbox_path: Path) -> None:
         return threading.current_thread().name
 
     loop_thread = run(main)
+    store._conn.set_trace_callback(None)  # close() (its sweep) is the caller's, after the loop
     store.close()
     assert threads == {"postonce-outbox-writer"}
     assert loop_thread not in threads

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import random
+import re
 import sqlite3
 import stat
 import subprocess
@@ -19,11 +21,11 @@ import sqlite_utils
 import postonce
 from postonce import SQLiteStore, State
 from postonce._intent import Outcome
-from postonce._outbox.base import AttemptRecord, Lease, NewIntent
+from postonce._outbox.base import AttemptRecord, Lease, NewIntent, Opened
 from postonce._outbox.decide import LEASE_SWEEP
 from postonce._outbox.locate import open_store
 from postonce._outbox.migrations.sqlite import MIGRATIONS
-from postonce._outbox.sqlite import SCHEMA_VERSION
+from postonce._outbox.sqlite import SCHEMA_VERSION, take_in_the_tail
 from tests.conftest import ClientFactory, record_final
 
 
@@ -88,6 +90,10 @@ def test_a_newer_schema_is_refused(outbox_path: Path) -> None:
         SQLiteStore(outbox_path)
 
 
+#: A plan step that reads the whole intents table (not an index of it, not intents_swept).
+TABLE_SCAN = re.compile(r"SCAN intents(?!_)(?! USING)")
+
+
 @pytest.mark.parametrize(
     ("sql", "index"),
     [
@@ -100,17 +106,24 @@ def test_a_newer_schema_is_refused(outbox_path: Path) -> None:
         ),
         pytest.param(
             "SELECT id FROM intents WHERE state = 'sending' AND sender = 's'"
-            " AND lease_expires_at <= 5 ORDER BY lease_expires_at",
+            " AND lease_expires_at <= 5 AND fresh IS NULL ORDER BY lease_expires_at",
             "intents_lease",
             id="lease",
         ),
         pytest.param(
             # The claim's lease arm with owners known gone (an OR): still the index.
             "SELECT id FROM intents WHERE state = 'sending' AND lease_expires_at IS NOT NULL"
-            " AND (lease_expires_at <= 5 OR lease_owner IN ('x')) AND sender = 's'"
-            " ORDER BY lease_expires_at",
+            " AND fresh IS NULL AND (lease_expires_at <= 5 OR lease_owner IN ('x'))"
+            " AND sender = 's' ORDER BY lease_expires_at",
             "intents_lease",
             id="lease-or-dead",
+        ),
+        pytest.param(
+            # Schema v6: fresh write-aheads are read from the table's tail, by its key.
+            "SELECT id FROM intents WHERE id > (SELECT upto FROM intents_swept)"
+            " AND fresh IS NOT NULL AND state = 'sending' AND lease_expires_at <= 5",
+            "INTEGER PRIMARY KEY (rowid>?)",
+            id="fresh-tail",
         ),
         pytest.param(
             "SELECT 1 FROM intents WHERE key = 'k' AND key != reference",
@@ -131,7 +144,7 @@ def test_lookups_use_an_index(outbox_path: Path, sql: str, index: str) -> None:
     plan = " ".join(str(row[-1]) for row in conn.execute("EXPLAIN QUERY PLAN " + sql))
     conn.close()
     assert index in plan
-    assert "SCAN intents" not in plan
+    assert not TABLE_SCAN.search(plan)
 
 
 def test_default_outbox_is_private_and_durable(
@@ -333,23 +346,34 @@ def lease_index(path: Path) -> list[tuple[str, float]]:
     try:
         rows = conn.execute(
             "SELECT reference, lease_expires_at FROM intents INDEXED BY intents_lease"
-            " WHERE lease_expires_at IS NOT NULL ORDER BY id"
+            " WHERE lease_expires_at IS NOT NULL AND fresh IS NULL ORDER BY id"
         ).fetchall()
     finally:
         conn.close()
     return [(str(r), float(e)) for r, e in rows]
 
 
+def swept_in_flight(store: SQLiteStore, new: NewIntent, *, now: float = 1000.0) -> Opened:
+    """Open ``new`` and let a sweep find it still sending: it joins the lease index (schema v6).
+
+    A write-ahead answered before any sweep never enters the index; these
+    are the intents whose ending the lease sweeps are for.
+    """
+    opened = store.open_intent(new, owner="a", now=now, lease_for=10)
+    with store._write(durable=False) as conn:
+        take_in_the_tail(conn)
+    return opened
+
+
 def test_ended_intents_leave_the_lease_index_together(outbox_path: Path) -> None:
     """Schema v5: answered intents stay in the lease index until LEASE_SWEEP of them leave at once.
 
     Meanwhile the stored record says no lease; close() takes out the rest.
+    (Intents a sweep found in flight: only those are in the index.)
     """
     store = SQLiteStore(outbox_path, durability="normal")
     for n in range(LEASE_SWEEP - 1):
-        opened = store.open_intent(
-            new_intent(f"r-{n}", f"k-{n}"), owner="a", now=1000.0 + n, lease_for=10
-        )
+        opened = swept_in_flight(store, new_intent(f"r-{n}", f"k-{n}"), now=1000.0 + n)
         assert answer(store, opened.lease) is True
     assert len(lease_index(outbox_path)) == LEASE_SWEEP - 1
     record = store.get("r-0")
@@ -359,8 +383,8 @@ def test_ended_intents_leave_the_lease_index_together(outbox_path: Path) -> None
         None,
         None,
     )
-    live = store.open_intent(new_intent("live", "k-live"), owner="a", now=2000.0, lease_for=10)
-    last = store.open_intent(new_intent("last", "k-last"), owner="a", now=2000.0, lease_for=10)
+    live = swept_in_flight(store, new_intent("live", "k-live"), now=2000.0)
+    last = swept_in_flight(store, new_intent("last", "k-last"), now=2000.0)
     # Two of them a claim took out meanwhile: the sweep does not write their rows again.
     other = sqlite3.connect(outbox_path)
     other.execute("UPDATE intents SET lease_expires_at = NULL WHERE reference IN ('r-0', 'r-1')")
@@ -378,19 +402,22 @@ def test_ended_intents_leave_the_lease_index_together(outbox_path: Path) -> None
 
 def test_a_claim_takes_out_the_ended_intents_it_walks_past(outbox_path: Path) -> None:
     """Ended intents a process left in the lease index (it exited before its sweep) cost a
-    claim once: the claim takes the crashed intent behind them and takes them out."""
+    claim once: the claim takes the crashed intent behind them and takes them out.
+
+    The crashed intent is a fresh write-ahead, in the table's tail and not in the
+    index (schema v6): the claim's tail arm finds it.
+    """
     store = SQLiteStore(outbox_path, durability="normal")
     for n in range(5):
-        opened = store.open_intent(
-            new_intent(f"r-{n}", f"k-{n}"), owner="a", now=1000.0, lease_for=10
-        )
+        opened = swept_in_flight(store, new_intent(f"r-{n}", f"k-{n}"))
         assert answer(store, opened.lease) is True
     crashed = store.open_intent(
         new_intent("crashed", "k-crashed"), owner="a", now=1001.0, lease_for=10
     )
     store._left.clear()  # as a process that exited before its sweep leaves them
+    store._unswept = 0
     store.close()
-    assert len(lease_index(outbox_path)) == 6
+    assert len(lease_index(outbox_path)) == 5  # the crashed write-ahead is not among them
     drain = SQLiteStore(outbox_path, durability="normal")
     try:
         (claimed,) = drain.claim_due(owner="drain", now=1020.0, limit=10, lease_for=30)
@@ -417,9 +444,7 @@ def test_a_sweep_that_fails_fails_no_call(outbox_path: Path) -> None:
     store._conn.execute(refuse)
     try:
         for n in range(LEASE_SWEEP):
-            opened = store.open_intent(
-                new_intent(f"r-{n}", f"k-{n}"), owner="a", now=1000.0, lease_for=10
-            )
+            opened = swept_in_flight(store, new_intent(f"r-{n}", f"k-{n}"))
             assert answer(store, opened.lease) is True
         assert len(lease_index(outbox_path)) == LEASE_SWEEP
         assert len(store._left) == LEASE_SWEEP  # kept for the next sweep
@@ -443,9 +468,10 @@ def test_a_claim_for_some_origins_takes_out_the_ended_intents_of_others(
             url="http://b.test/c",
             origin="http://b.test:80",
         )
-        opened = store.open_intent(to_b, owner="a", now=1000.0, lease_for=10)
+        opened = swept_in_flight(store, to_b)
         assert answer(store, opened.lease) is True
     store._left.clear()  # as a process killed before its sweep leaves them
+    store._unswept = 0
     store.close()
     assert len(lease_index(outbox_path)) == 20
     drain = SQLiteStore(outbox_path, durability="normal")
@@ -464,11 +490,10 @@ def test_a_batch_undone_and_run_again_loses_no_sweep(outbox_path: Path) -> None:
     fails makes run_batch run them again in savepoints) cannot undo it unseen."""
     store = SQLiteStore(outbox_path, durability="normal")
     for n in range(LEASE_SWEEP - 1):
-        opened = store.open_intent(
-            new_intent(f"r-{n}", f"k-{n}"), owner="a", now=1000.0, lease_for=10
-        )
+        opened = swept_in_flight(store, new_intent(f"r-{n}", f"k-{n}"))
         assert answer(store, opened.lease) is True
-    last = store.open_intent(new_intent("x", "k-x"), owner="a", now=1000.0, lease_for=10)
+    last = swept_in_flight(store, new_intent("x", "k-x"))
+    assert len(lease_index(outbox_path)) == LEASE_SWEEP
     record = {
         "lease": last.lease,
         "attempt": AttemptRecord(1000.0, 0.1, Outcome.FINAL, 201, None, False),
@@ -504,27 +529,29 @@ def run_script(script: str, outbox_path: Path) -> subprocess.CompletedProcess[st
 _EXIT_WITHOUT_CLOSE = """
 import sys
 from postonce import SQLiteStore
-from tests.test_outbox import answer, new_intent
+from tests.test_outbox import answer, new_intent, swept_in_flight
 store = SQLiteStore(sys.argv[1], durability="normal")
 for n in range(5):
-    opened = store.open_intent(new_intent(f"r-{n}", f"k-{n}"), owner="a", now=1000.0, lease_for=10)
+    opened = swept_in_flight(store, new_intent(f"r-{n}", f"k-{n}"))
     assert answer(store, opened.lease)
 assert len(store._left) == 5
+fresh = store.open_intent(new_intent("fresh", "k-fresh"), owner="a", now=1000.0, lease_for=10)
 """
 
 
 def test_a_process_that_exits_without_close_sweeps(outbox_path: Path) -> None:
-    """The ended intents of a store never closed leave the lease index at interpreter exit."""
+    """The ended intents of a store never closed leave the lease index at interpreter exit,
+    and a fresh write-ahead still sending joins it (the tail is swept)."""
     run_script(_EXIT_WITHOUT_CLOSE, outbox_path)
-    assert lease_index(outbox_path) == []
+    assert lease_index(outbox_path) == [("fresh", 1010.0)]
 
 
 _FORKED_CHILD_EXITS = """
 import os, sys
 from postonce import SQLiteStore
-from tests.test_outbox import answer, new_intent
+from tests.test_outbox import answer, new_intent, swept_in_flight
 store = SQLiteStore(sys.argv[1], durability="normal")
-opened = store.open_intent(new_intent("r-0", "k-0"), owner="a", now=1000.0, lease_for=10)
+opened = swept_in_flight(store, new_intent("r-0", "k-0"))
 assert answer(store, opened.lease)
 pid = os.fork()
 if pid == 0:
@@ -542,7 +569,189 @@ def test_a_forked_child_leaves_its_parents_outbox_alone(outbox_path: Path) -> No
     assert lease_index(outbox_path) == [("r-0", 1010.0)]
 
 
-def test_a_v4_outbox_is_migrated_to_the_v5_lease_index(outbox_path: Path) -> None:
+def unswept_sending(path: Path) -> list[str]:
+    """Sending rows neither in the lease index nor past the watermark: a claim misses them."""
+    conn = sqlite3.connect(path)
+    try:
+        rows = conn.execute(
+            "SELECT reference FROM intents WHERE state = 'sending' AND fresh IS NOT NULL"
+            " AND id <= (SELECT upto FROM intents_swept)"
+        ).fetchall()
+    finally:
+        conn.close()
+    return [str(r) for (r,) in rows]
+
+
+def test_the_reads_of_leases_keep_their_indexes(outbox_path: Path) -> None:
+    """Schema v6: every statement a claim (its look for live owners included) and a census
+    run reads the lease index and the tail's key range, never the whole table."""
+    store = SQLiteStore(outbox_path, durability="normal")
+    try:
+        for n in range(3):
+            store.open_intent(new_intent(f"r-{n}", f"k-{n}"), owner="a", now=1000.0, lease_for=10)
+        trace: list[str] = []
+        store._conn.set_trace_callback(trace.append)
+        store.claim_due(owner="d", now=1020.0, limit=10, lease_for=30, sender="s")
+        store.census(sender="s", origins=None, now=1020.0)
+        store._conn.set_trace_callback(None)
+        statements = [t for t in trace if t.split(" ")[0] in ("SELECT", "UPDATE")]
+        assert sum("intents_swept" in t for t in statements) >= 4  # the tail is read
+        assert any(t.startswith("SELECT DISTINCT lease_owner") for t in statements)
+        for statement in statements:
+            plan = " ".join(
+                str(row[-1]) for row in store._conn.execute("EXPLAIN QUERY PLAN " + statement)
+            )
+            assert not TABLE_SCAN.search(plan), (statement, plan)
+    finally:
+        store.close()
+
+
+def test_a_first_try_answer_never_enters_the_lease_index(outbox_path: Path) -> None:
+    """Schema v6: a write-ahead answered before any sweep writes no lease-index page at all,
+    and the sweeps (every LEASE_SWEEP intents) move the watermark to the table's end."""
+    store = SQLiteStore(outbox_path, durability="normal")
+    try:
+        for n in range(LEASE_SWEEP * 2 + 3):
+            opened = store.open_intent(
+                new_intent(f"r-{n}", f"k-{n}"), owner="a", now=1000.0, lease_for=10
+            )
+            assert lease_index(outbox_path) == []
+            assert answer(store, opened.lease) is True
+        assert store._conn.execute("SELECT upto FROM intents_swept").fetchall() == [
+            (LEASE_SWEEP * 2,)
+        ]
+        record = store.get("r-0")
+        assert record is not None
+        assert (record.state, record.lease_owner, record.lease_expires_at) == (
+            State.SUCCEEDED,
+            None,
+            None,
+        )
+    finally:
+        store.close()
+    assert lease_index(outbox_path) == []
+
+
+def test_a_sweep_takes_in_a_send_still_in_flight_and_a_claim_finds_it(outbox_path: Path) -> None:
+    """A fresh intent still sending when a sweep moves the watermark past it joins the
+    lease index; after its process dies, a claim takes it from there."""
+    store = SQLiteStore(outbox_path, durability="normal")
+    slow = store.open_intent(new_intent("slow", "k-slow"), owner="a", now=1000.0, lease_for=10)
+    for n in range(LEASE_SWEEP):
+        opened = store.open_intent(
+            new_intent(f"r-{n}", f"k-{n}"), owner="a", now=1000.0, lease_for=10
+        )
+        assert answer(store, opened.lease) is True
+    assert lease_index(outbox_path) == [("slow", 1010.0)]
+    assert unswept_sending(outbox_path) == []
+    store._left.clear()  # killed: no sweep at exit
+    store._unswept = 0
+    store.close()
+    drain = SQLiteStore(outbox_path, durability="normal")
+    try:
+        (claimed,) = drain.claim_due(owner="drain", now=1020.0, limit=10, lease_for=30)
+        assert claimed.record.reference == "slow"
+        assert slow.record.key == claimed.record.key
+    finally:
+        drain.close()
+
+
+def test_a_renewed_fresh_lease_joins_the_lease_index(outbox_path: Path) -> None:
+    """A heartbeat that extends a fresh write-ahead's lease puts it in the index at once
+    (a trigger, whoever writes), so a long send never rests on the tail alone."""
+    store = SQLiteStore(outbox_path, durability="normal")
+    try:
+        opened = store.open_intent(new_intent(), owner="a", now=1000.0, lease_for=10)
+        assert opened.lease is not None
+        assert lease_index(outbox_path) == []
+        assert store.renew(opened.lease, now=1005.0, until=1030.0) is not None
+        assert lease_index(outbox_path) == [("r-1", 1030.0)]
+    finally:
+        store.close()
+
+
+def test_deleting_the_tables_end_lowers_the_watermark(outbox_path: Path) -> None:
+    """SQLite gives a new row the table's last id + 1: after the last rows are deleted, a new
+    intent's id may be one the watermark already passed. The watermark follows the end
+    down, so a crashed fresh intent with such an id is still claimed."""
+    store = SQLiteStore(outbox_path, durability="normal")
+    for n in range(LEASE_SWEEP):
+        opened = store.open_intent(
+            new_intent(f"r-{n}", f"k-{n}"), owner="a", now=1000.0, lease_for=10
+        )
+        assert answer(store, opened.lease) is True
+    assert store._conn.execute("SELECT upto FROM intents_swept").fetchall() == [(LEASE_SWEEP,)]
+    # Tombstones of the newest intents deleted (as purge(tombstones=True) does).
+    store._conn.execute("DELETE FROM intents WHERE id > ?", (LEASE_SWEEP - 3,))
+    assert store._conn.execute("SELECT upto FROM intents_swept").fetchall() == [(LEASE_SWEEP - 3,)]
+    crashed = store.open_intent(
+        new_intent("crashed", "k-crashed"), owner="a", now=1001.0, lease_for=10
+    )
+    assert crashed.lease is not None
+    assert crashed.lease.intent_id == LEASE_SWEEP - 2  # an id the watermark once passed
+    assert unswept_sending(outbox_path) == []
+    # Deleting an end row past the watermark never raises it over fresh rows in flight.
+    for n in range(3):
+        store.open_intent(new_intent(f"f-{n}", f"k-f-{n}"), owner="a", now=1001.0, lease_for=10)
+    store._conn.execute("DELETE FROM intents WHERE reference = 'f-2'")
+    assert store._conn.execute("SELECT upto FROM intents_swept").fetchall() == [(LEASE_SWEEP - 3,)]
+    assert unswept_sending(outbox_path) == []
+    store._left.clear()
+    store._unswept = 0
+    store.close()
+    drain = SQLiteStore(outbox_path, durability="normal")
+    try:
+        claimed = drain.claim_due(owner="drain", now=1020.0, limit=10, lease_for=30)
+        assert sorted(c.record.reference for c in claimed) == ["crashed", "f-0", "f-1"]
+    finally:
+        drain.close()
+
+
+def test_every_sending_row_stays_within_a_claims_reach(outbox_path: Path) -> None:
+    """Schema v6's invariant under seeded random work of two stores: every sending row is
+    in the lease index or past the watermark, so a claim's two arms see it."""
+    rng = random.Random(20261201)
+    stores = [SQLiteStore(outbox_path, durability="normal") for _ in range(2)]
+    held: list[tuple[SQLiteStore, Lease]] = []
+    now = 1000.0
+    try:
+        for step in range(600):
+            now += rng.choice([0.0, 0.5, 3.0])
+            store = rng.choice(stores)
+            op = rng.randrange(8)
+            if op <= 2:
+                opened = store.open_intent(
+                    new_intent(f"r-{step}", f"k-{step}"),
+                    owner=f"o{id(store)}",
+                    now=now,
+                    lease_for=10,
+                )
+                assert opened.lease is not None
+                held.append((store, opened.lease))
+            elif op == 3 and held:
+                owner, lease = held.pop(rng.randrange(len(held)))
+                answer(owner, lease, started_at=now)
+            elif op == 4 and held:
+                owner, lease = held[rng.randrange(len(held))]
+                owner.renew(lease, now=now, until=now + 10)
+            elif op == 5:
+                for claimed in store.claim_due(
+                    owner=f"o{id(store)}", now=now, limit=rng.randint(1, 4), lease_for=10
+                ):
+                    assert claimed.lease is not None
+                    held.append((store, claimed.lease))
+            elif op == 6:
+                store._sweep()
+            elif op == 7 and held:  # handed back unsent: pending, claimed again later
+                owner, lease = held.pop(rng.randrange(len(held)))
+                owner.release(lease, now=now, due_at=now + rng.choice([0.0, 2.0]), anchor=None)
+            assert unswept_sending(outbox_path) == [], f"step {step}, op {op}"
+    finally:
+        for store in stores:
+            store.close()
+
+
+def test_a_v4_outbox_is_migrated_to_the_current_lease_index(outbox_path: Path) -> None:
     """Opening a schema-v4 file swaps its lease index; a crashed intent in it is still claimed."""
     db = sqlite_utils.Database(outbox_path)
     for step in MIGRATIONS[:4]:
@@ -561,8 +770,11 @@ def test_a_v4_outbox_is_migrated_to_the_v5_lease_index(outbox_path: Path) -> Non
         (index_sql,) = store._conn.execute(
             "SELECT sql FROM sqlite_master WHERE name = 'intents_lease'"
         ).fetchone()
-        assert "WHERE lease_expires_at IS NOT NULL" in index_sql
-        assert store._conn.execute("PRAGMA user_version").fetchone()[0] == 5
+        assert "WHERE lease_expires_at IS NOT NULL AND fresh IS NULL" in index_sql
+        assert store._conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        # v6: the rows already there are indexed; the watermark starts past them.
+        assert store._conn.execute("SELECT upto FROM intents_swept").fetchall() == [(1,)]
+        assert lease_index(outbox_path) == [("crashed", 1010.0)]
         (claimed,) = store.claim_due(owner="drain", now=1020.0, limit=10, lease_for=30)
         assert claimed.record.reference == "crashed"
     finally:

@@ -52,8 +52,10 @@ class SQLStore(StoreBase):
     #: (:meth:`_insert_alone`), tried before the general path.
     one_statement_writes: ClassVar[bool] = False
 
-    def __init__(self, intents: str, attempts: str) -> None:
-        self._tables = {"intents": intents, "attempts": attempts}
+    def __init__(self, intents: str, attempts: str, leases: str | None = None) -> None:
+        # ``leases``: what the queries of sending rows' leases read; by default the
+        # intents table (SQLite's keeps fresh rows out of its lease index).
+        self._tables = {"intents": intents, "attempts": attempts, "leases": leases or intents}
         self._spelled: dict[str, str] = {}
         self._shapes: dict[tuple[str, tuple[str, ...]], str] = {}
 
@@ -133,7 +135,7 @@ class SQLStore(StoreBase):
     def _holders(self, now: float, mine: Mine) -> list[str]:
         only, params = self._mine(mine)
         rows = self._select(
-            "SELECT DISTINCT lease_owner FROM {intents}"
+            "SELECT DISTINCT lease_owner FROM {leases}"
             f" WHERE state = 'sending' AND lease_expires_at > ?{only}",
             (now, *params),
         )
@@ -379,11 +381,11 @@ class SQLStore(StoreBase):
         theirs = f"NOT ({guard}{only})"
         ((not_ours, leased, expiry),) = self._select(
             f"SELECT (SELECT count(*) FROM {{intents}} WHERE state = 'pending'"
-            f" AND due_at <= ? AND {theirs}) + (SELECT count(*) FROM {{intents}}"
+            f" AND due_at <= ? AND {theirs}) + (SELECT count(*) FROM {{leases}}"
             f" WHERE state = 'sending' AND lease_expires_at <= ? AND {theirs}),"
-            " (SELECT count(*) FROM {intents}"
+            " (SELECT count(*) FROM {leases}"
             f" WHERE state = 'sending' AND lease_expires_at > ?{only}),"
-            " (SELECT min(lease_expires_at) FROM {intents}"
+            " (SELECT min(lease_expires_at) FROM {leases}"
             f" WHERE state = 'sending' AND lease_expires_at > ?{only})",
             (now, *params, now, *params, now, *params, now, *params),
         )
@@ -432,15 +434,15 @@ class SQLStore(StoreBase):
                 "SELECT"
                 " (SELECT min(created_at) FROM {intents} WHERE state = 'pending'),"
                 " (SELECT min(due_at) FROM {intents} WHERE state = 'pending'),"
-                " (SELECT min(lease_expires_at) FROM {intents}"
+                " (SELECT min(lease_expires_at) FROM {leases}"
                 " WHERE state = 'sending' AND lease_expires_at IS NOT NULL),"
                 " (SELECT count(*) FROM {intents} WHERE purged_at IS NOT NULL),"
                 " (SELECT count(*) FROM {intents} WHERE state = 'pending' AND due_at <= ?)"
-                " + (SELECT count(*) FROM {intents}"
+                " + (SELECT count(*) FROM {leases}"
                 " WHERE state = 'sending' AND lease_expires_at <= ?),"
-                " (SELECT count(*) FROM {intents}"
+                " (SELECT count(*) FROM {leases}"
                 " WHERE state = 'sending' AND lease_expires_at > ?),"
-                " (SELECT min(lease_expires_at) FROM {intents}"
+                " (SELECT min(lease_expires_at) FROM {leases}"
                 " WHERE state = 'sending' AND lease_expires_at > ?),"
                 " (SELECT count(*) FROM {intents} WHERE settle_due_at IS NOT NULL),"
                 " (SELECT count(*) FROM {intents}"

@@ -55,6 +55,16 @@ _LEASE_ENDED = "state IN ({}) AND lease_owner IS NULL".format(
     ", ".join(sorted(f"'{state.value}'" for state in TERMINAL))
 )
 
+#: Every row that may hold a lease (schema v6): those in the lease index, and the
+#: fresh rows of the table's tail, past the sweep's watermark (migrations._v6).
+#: A sending row is always in one of them; the queries of the shared store that
+#: ask for leases read this instead of the table, and each arm keeps its index.
+_TAIL = "id > (SELECT upto FROM intents_swept) AND fresh IS NOT NULL"
+_LEASES = (
+    "(SELECT * FROM intents WHERE lease_expires_at IS NOT NULL AND fresh IS NULL"
+    f" UNION ALL SELECT * FROM intents WHERE {_TAIL})"
+)
+
 #: How many lease-index entries past the claim's own a claim looks at for ended
 #: intents to take out (left there by a process killed before its sweep). Few:
 #: a claim stays O(limit).
@@ -88,6 +98,20 @@ def _create_private(path: Path) -> None:
     os.close(fd)
 
 
+def take_in_the_tail(conn: sqlite3.Connection) -> None:
+    """In a write transaction: the tail's fresh rows still sending join the lease index,
+    and the watermark moves to the table's end (schema v6).
+
+    Its own statements, so a writer holds the only write lock: no row can be
+    written between them.
+    """
+    conn.execute(f"UPDATE intents SET fresh = NULL WHERE {_TAIL} AND state = 'sending'")
+    conn.execute(
+        "UPDATE intents_swept SET upto = (SELECT coalesce(max(id), 0) FROM intents)"
+        " WHERE upto < (SELECT coalesce(max(id), 0) FROM intents)"
+    )
+
+
 class SQLiteStore(SQLStore):
     """An outbox in one SQLite file. Thread-safe; shareable between processes."""
 
@@ -104,13 +128,14 @@ class SQLiteStore(SQLStore):
     ) -> None:
         if durability not in ("full", "normal"):
             raise ValueError(f"durability must be 'full' or 'normal', not {durability!r}")
-        super().__init__(intents="intents", attempts="attempts")
+        super().__init__(intents="intents", attempts="attempts", leases=_LEASES)
         self.path = Path(path)
         self.durability: Durability = durability
         self._lock = threading.RLock()
         self._local = threading.local()
         self._sync: str | None = None
         self._left: list[int] = []  # ended intents still in the lease index (_record)
+        self._unswept = 0  # fresh intents written since this store's last sweep
         if not create and not self.path.exists():
             raise OutboxError(f"no outbox at {self.path}")
         try:
@@ -259,8 +284,8 @@ class SQLiteStore(SQLStore):
             if results is None:
                 results = self._batch_once(calls, durable, "savepoints")
             assert results is not None
-            if len(self._left) >= LEASE_SWEEP:
-                self._clear_leases()
+            if self._sweep_due():
+                self._sweep()
             return results
 
     def _batch_once(
@@ -315,23 +340,23 @@ class SQLiteStore(SQLStore):
         many: the write-ahead put the intent in the lease index, and taking it
         out with the answer would write that index's page in a second commit.
         The rows sit side by side at the table's end, as do their entries at
-        the index's: one statement (:meth:`_clear_leases`) rewrites a few pages
-        for :data:`LEASE_SWEEP` of them.
+        the index's: one statement (:meth:`_sweep`) rewrites a few pages for
+        :data:`LEASE_SWEEP` of them. (A row still fresh never entered the
+        index, and the sweep leaves it alone.)
         """
         deferred = decide.lease_exit_deferred(changes)
         written = changes if deferred is None else deferred
         recorded = self._carried_alone(lease, attempt, written, durable=durable) or super()._record(
             lease, attempt, written, durable=durable
         )
-        if not recorded or deferred is None:
-            return recorded
         with self._lock:
-            self._left.append(lease.intent_id)
+            if recorded and deferred is not None:
+                self._left.append(lease.intent_id)
             # Inside a batch, the sweep waits for its end (run_batch): a batch
             # undone and run again would undo the sweep with it.
-            if len(self._left) >= LEASE_SWEEP and getattr(self._local, "batch", None) is None:
-                self._clear_leases()
-        return True
+            if self._sweep_due() and getattr(self._local, "batch", None) is None:
+                self._sweep()
+        return recorded
 
     def _carried_alone(
         self, lease: Lease, attempt: AttemptRecord, changes: decide.Changes, *, durable: bool
@@ -364,7 +389,9 @@ class SQLiteStore(SQLStore):
         ``lastrowid`` would still name the previous insert: only a counted
         change gives an id.
         """
-        insert = self._shaped("INSERT INTO {intents} ({cols}) VALUES ({marks})", tuple(row))
+        insert = self._shaped(
+            "INSERT INTO {intents} ({cols}, fresh) VALUES ({marks}, 1)", tuple(row)
+        )
         try:
             with self._write_alone(durable=True) as conn:
                 cursor = conn.execute(insert, tuple(row.values()))
@@ -372,29 +399,36 @@ class SQLiteStore(SQLStore):
             return None
         if cursor.rowcount != 1 or cursor.lastrowid is None:
             return None
+        with self._lock:
+            self._unswept += 1
         return int(cursor.lastrowid)
 
-    def _clear_leases(self) -> None:
-        """Clear the lease expiry of the ended intents in :attr:`_left`, in one statement.
+    def _sweep_due(self) -> bool:
+        return len(self._left) >= LEASE_SWEEP or self._unswept >= LEASE_SWEEP
 
-        Never fails the call it runs in: an error leaves the intents for the next
-        sweep (at most a few sweeps' worth are kept; a claim takes out the rest).
-        Only ended rows with no lease owner change, so an id whose record did not
-        commit (a batch that failed) changes nothing.
+    def _sweep(self) -> None:
+        """Tidy the lease index in one transaction: the ended intents of :attr:`_left` leave
+        it, the tail's fresh intents still sending join it, and the watermark moves on.
+
+        Never fails the call it runs in: an error leaves the ended intents for
+        the next sweep (at most a few sweeps' worth are kept; a claim takes out
+        the rest), and the tail for the next sweep or claim. Only ended rows
+        with no lease owner leave, and only rows in the index, so an id whose
+        record did not commit (a batch that failed) changes nothing.
         """
         with self._lock:
-            ids, self._left = self._left, []
-            if not ids:
-                return
-            marks = ", ".join("?" for _ in ids)
+            ids, self._left, self._unswept = self._left, [], 0
             try:
-                with self._write_alone(durable=False) as conn:
-                    conn.execute(
-                        "UPDATE intents SET lease_expires_at = NULL"
-                        f" WHERE id IN ({marks}) AND lease_expires_at IS NOT NULL"
-                        f" AND {_LEASE_ENDED}",
-                        ids,
-                    )
+                with self._write(durable=False) as conn:
+                    if ids:
+                        marks = ", ".join("?" for _ in ids)
+                        conn.execute(
+                            "UPDATE intents SET lease_expires_at = NULL"
+                            f" WHERE id IN ({marks}) AND lease_expires_at IS NOT NULL"
+                            f" AND fresh IS NULL AND {_LEASE_ENDED}",
+                            ids,
+                        )
+                    take_in_the_tail(conn)
             except (OutboxError, sqlite3.Error) as exc:
                 logger.debug("lease sweep of %d ended intents left for later: %s", len(ids), exc)
                 self._left = [*ids, *self._left][-LEASE_SWEEP * 4 :]
@@ -428,19 +462,27 @@ class SQLiteStore(SQLStore):
         conn.execute(
             "UPDATE intents SET lease_expires_at = NULL WHERE id IN ("
             " SELECT id FROM (SELECT id, state, lease_owner FROM intents"
-            f"  WHERE lease_expires_at <= ?{sender} ORDER BY lease_expires_at, id LIMIT ?)"
+            f"  WHERE lease_expires_at <= ? AND fresh IS NULL{sender}"
+            "  ORDER BY lease_expires_at, id LIMIT ?)"
             f" WHERE {_LEASE_ENDED})",
             (due_by, *whose, limit + _CLAIM_SWEEPS),
         )
-        return conn.execute(
+        # A fresh write-ahead whose process died is in the tail, not the index
+        # (schema v6): its own arm reads the tail, a range of the table's key.
+        # Then the claim takes the tail in, so the next claim's tail is short.
+        rows = conn.execute(
             f"SELECT {COLUMNS} FROM intents WHERE id IN ("
             " SELECT id FROM (SELECT id FROM intents"
             f"  WHERE state = 'pending' AND due_at <= ?{only} ORDER BY due_at, id LIMIT ?)"
             " UNION"
             " SELECT id FROM (SELECT id FROM intents"
-            # (IS NOT NULL: the lease index's condition, which the OR would hide.)
-            "  WHERE state = 'sending' AND lease_expires_at IS NOT NULL"
+            # (The lease index's condition in full, which the OR would hide.)
+            "  WHERE state = 'sending' AND lease_expires_at IS NOT NULL AND fresh IS NULL"
             f"  AND (lease_expires_at <= ?{dead}){only}"
+            "  ORDER BY lease_expires_at, id LIMIT ?)"
+            " UNION"
+            f" SELECT id FROM (SELECT id FROM intents WHERE {_TAIL}"
+            f"  AND state = 'sending' AND (lease_expires_at <= ?{dead}){only}"
             "  ORDER BY lease_expires_at, id LIMIT ?)"
             # A clock that went back leaves due times far ahead: pending rows
             # touched "in the future" are due now (a live lease is never cut short).
@@ -453,18 +495,21 @@ class SQLiteStore(SQLStore):
             (
                 *(due_by, *params, limit),
                 *(due_by, *owners, *params, limit),
+                *(due_by, *owners, *params, limit),
                 *(now + CLOCK_TOLERANCE, *params, limit),
                 limit,
             ),
         ).fetchall()
+        take_in_the_tail(conn)
+        return rows
 
     def close(self) -> None:
         with self._lock:
             atexit.unregister(self._at_exit)
-            if self._left:
+            if self._left or self._unswept:
                 # A tidy-up, not worth a long wait behind another process's write
-                # (a connection closed already: _clear_leases finds it so too).
+                # (a connection closed already: _sweep finds it so too).
                 with contextlib.suppress(sqlite3.Error):
                     self._conn.execute("PRAGMA busy_timeout = 100")
-                self._clear_leases()
+                self._sweep()
             self._conn.close()

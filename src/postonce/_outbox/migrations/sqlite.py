@@ -183,6 +183,49 @@ def _v5(db: sqlite_utils.Database) -> None:
     )
 
 
+def _v6(db: sqlite_utils.Database) -> None:
+    """A new intent enters the lease index only if it is still in flight at a sweep.
+
+    The write-ahead marks its row ``fresh``: out of the lease index, so that
+    commit writes one index page fewer. A claim finds a fresh row (a send
+    whose process died) in the table's tail instead: the rows past the
+    watermark in ``intents_swept``, a range of the table's own key. A sweep
+    (every few dozen intents, at close, and in every claim) takes the
+    still-sending fresh rows of the tail into the index and moves the
+    watermark to the table's end. So a sending row is either in the index or
+    past the watermark; the two triggers keep that true whoever writes:
+
+    - ``intents_fresh_leased``: a fresh row given a lease or put back to
+      sending by any later write (a heartbeat, a retry, a claim) joins the
+      index at once;
+    - ``intents_swept_back``: deleting the rows at the table's end lowers the
+      watermark with it, since SQLite gives the next row the end's id + 1.
+
+    A process of an older release inserts rows that are not fresh (NULL), so
+    they are indexed as before; its claims do not look in the tail, so they
+    find a crashed fresh row only once a sweep has indexed it.
+    """
+    db.execute("ALTER TABLE intents ADD COLUMN fresh INTEGER")
+    db.execute("CREATE TABLE intents_swept (upto INTEGER NOT NULL)")
+    db.execute("INSERT INTO intents_swept SELECT coalesce(max(id), 0) FROM intents")
+    db.execute("DROP INDEX intents_lease")
+    db.execute(
+        "CREATE INDEX intents_lease ON intents (sender, lease_expires_at)"
+        " WHERE lease_expires_at IS NOT NULL AND fresh IS NULL"
+    )
+    db.execute(
+        "CREATE TRIGGER intents_fresh_leased AFTER UPDATE OF lease_expires_at ON intents"
+        " WHEN NEW.fresh IS NOT NULL AND NEW.state = 'sending'"
+        " BEGIN UPDATE intents SET fresh = NULL WHERE id = NEW.id; END"
+    )
+    db.execute(
+        "CREATE TRIGGER intents_swept_back AFTER DELETE ON intents"
+        " WHEN OLD.id >= (SELECT upto FROM intents_swept)"
+        " BEGIN UPDATE intents_swept"
+        " SET upto = min(upto, (SELECT coalesce(max(id), 0) FROM intents)); END"
+    )
+
+
 #: MIGRATIONS[n] takes a database at schema version n to n + 1.
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _v5]
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _v5, _v6]
 SCHEMA_VERSION = len(MIGRATIONS)
