@@ -499,6 +499,7 @@ class Plan:
             if any(line.strip().startswith(m) or f"> {m}" in line for m in FULL_SCAN_MARKS)
             and "CONSTANT ROW" not in line
             and "(subquery" not in line  # a co-routine's own rows, not the table
+            and line.strip() != "SCAN intents_swept"  # one row: the sweep's watermark
         ]
 
     @property
