@@ -120,7 +120,7 @@ TABLE_SCAN = re.compile(r"SCAN intents(?!_)(?! USING)")
         ),
         pytest.param(
             # Schema v6: fresh write-aheads are read from the table's tail, by its key.
-            "SELECT id FROM intents WHERE id > (SELECT upto FROM intents_swept)"
+            "SELECT id FROM intents WHERE id > coalesce((SELECT upto FROM intents_swept), 0)"
             " AND fresh IS NOT NULL AND state = 'sending' AND lease_expires_at <= 5",
             "INTEGER PRIMARY KEY (rowid>?)",
             id="fresh-tail",
@@ -703,6 +703,29 @@ def test_deleting_the_tables_end_lowers_the_watermark(outbox_path: Path) -> None
     try:
         claimed = drain.claim_due(owner="drain", now=1020.0, limit=10, lease_for=30)
         assert sorted(c.record.reference for c in claimed) == ["crashed", "f-0", "f-1"]
+    finally:
+        drain.close()
+
+
+def test_the_watermark_cannot_go_missing_and_its_loss_hides_nothing(outbox_path: Path) -> None:
+    """The watermark's one row is refused deletion; and were it gone (a hand edit that
+    drops the guard too), claims read the whole tail rather than none of it."""
+    store = SQLiteStore(outbox_path, durability="normal")
+    crashed = store.open_intent(new_intent("crashed", "k-1"), owner="a", now=1000.0, lease_for=10)
+    assert crashed.lease is not None
+    with pytest.raises(sqlite3.IntegrityError, match="sweep watermark"):
+        store._conn.execute("DELETE FROM intents_swept")
+    with pytest.raises(sqlite3.IntegrityError):
+        store._conn.execute("INSERT INTO intents_swept (one, upto) VALUES (2, 0)")
+    store._conn.execute("DROP TRIGGER intents_swept_stays")
+    store._conn.execute("DELETE FROM intents_swept")
+    store._left.clear()
+    store._unswept = 0
+    store.close()
+    drain = SQLiteStore(outbox_path, durability="normal")
+    try:
+        (claimed,) = drain.claim_due(owner="drain", now=1020.0, limit=10, lease_for=30)
+        assert claimed.record.reference == "crashed"
     finally:
         drain.close()
 

@@ -132,7 +132,8 @@ def decode_row(row: tuple[Any, ...]) -> IntentRecord:
     state = State(state)
     if state in TERMINAL and lease_owner is None:
         # An ended intent that handed its lease back: a store may have left the
-        # expiry in the row for a while (decide.lease_exit_deferred). It says nothing.
+        # expiry in the row (decide.lease_exit_deferred; on SQLite for good, where
+        # the row never entered the lease index). It says nothing.
         lease_expires_at = None
     response = None
     if r_status is not None:

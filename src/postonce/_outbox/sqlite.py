@@ -59,7 +59,7 @@ _LEASE_ENDED = "state IN ({}) AND lease_owner IS NULL".format(
 #: fresh rows of the table's tail, past the sweep's watermark (migrations._v6).
 #: A sending row is always in one of them; the queries of the shared store that
 #: ask for leases read this instead of the table, and each arm keeps its index.
-_TAIL = "id > (SELECT upto FROM intents_swept) AND fresh IS NOT NULL"
+_TAIL = "id > coalesce((SELECT upto FROM intents_swept), 0) AND fresh IS NOT NULL"
 _LEASES = (
     "(SELECT * FROM intents WHERE lease_expires_at IS NOT NULL AND fresh IS NULL"
     f" UNION ALL SELECT * FROM intents WHERE {_TAIL})"

@@ -206,8 +206,16 @@ def _v6(db: sqlite_utils.Database) -> None:
     find a crashed fresh row only once a sweep has indexed it.
     """
     db.execute("ALTER TABLE intents ADD COLUMN fresh INTEGER")
-    db.execute("CREATE TABLE intents_swept (upto INTEGER NOT NULL)")
-    db.execute("INSERT INTO intents_swept SELECT coalesce(max(id), 0) FROM intents")
+    # One row, for good: a missing watermark would hide the tail from every claim.
+    db.execute(
+        "CREATE TABLE intents_swept (one INTEGER PRIMARY KEY CHECK (one = 1),"
+        " upto INTEGER NOT NULL)"
+    )
+    db.execute("INSERT INTO intents_swept (one, upto) SELECT 1, coalesce(max(id), 0) FROM intents")
+    db.execute(
+        "CREATE TRIGGER intents_swept_stays BEFORE DELETE ON intents_swept"
+        " BEGIN SELECT RAISE(ABORT, 'the outbox needs its sweep watermark'); END"
+    )
     db.execute("DROP INDEX intents_lease")
     db.execute(
         "CREATE INDEX intents_lease ON intents (sender, lease_expires_at)"
@@ -220,7 +228,7 @@ def _v6(db: sqlite_utils.Database) -> None:
     )
     db.execute(
         "CREATE TRIGGER intents_swept_back AFTER DELETE ON intents"
-        " WHEN OLD.id >= (SELECT upto FROM intents_swept)"
+        " WHEN OLD.id >= coalesce((SELECT upto FROM intents_swept), 0)"
         " BEGIN UPDATE intents_swept"
         " SET upto = min(upto, (SELECT coalesce(max(id), 0) FROM intents)); END"
     )
