@@ -65,7 +65,8 @@ PURGEABLE = tuple(sorted(s.value for s in TERMINAL if s is not State.EXPIRED))
 _TERMINAL_VALUES = frozenset(s.value for s in TERMINAL)
 
 #: Ended intents whose exit from the lease index a store defers, then takes out
-#: in one statement (see :func:`lease_exit_deferred`).
+#: in one statement (see :func:`lease_exit_deferred`); on SQLite also the fresh
+#: write-aheads after which a store sweeps its tail (schema v6).
 LEASE_SWEEP = 32
 _ABSENT = object()
 
@@ -309,11 +310,12 @@ def recorded(
 def lease_exit_deferred(changes: Changes) -> Changes | None:
     """``changes`` that end an intent less its lease's end, or None where nothing is deferred.
 
-    The write-ahead puts an intent in the lease index (``lease_expires_at``);
-    handing the lease back with the answer takes it out again, and writes that
-    index's page in a second commit. The lease of an ended intent means
-    nothing (:func:`~postonce._outbox.rows.decode_row` reads it as None), so a
-    store that indexes leases may leave it in the row and take it out later,
+    An intent in a lease index (``lease_expires_at``; on SQLite, one a sweep
+    or a heartbeat took in while it was sending) leaves it when the answer
+    hands the lease back, which writes that index's page in a second commit.
+    The lease of an ended intent means nothing
+    (:func:`~postonce._outbox.rows.decode_row` reads it as None), so a store
+    that indexes leases may leave it in the row and take it out later,
     :data:`LEASE_SWEEP` intents in one statement. Only a change to a terminal
     state that hands the lease back (no owner, no expiry) is deferred; the row's
     empty ``lease_owner`` is what says its expiry is stale.

@@ -134,7 +134,7 @@ class SQLiteStore(SQLStore):
         self._lock = threading.RLock()
         self._local = threading.local()
         self._sync: str | None = None
-        self._left: list[int] = []  # ended intents still in the lease index (_record)
+        self._left: list[int] = []  # ended intents perhaps still in the lease index (_record)
         self._unswept = 0  # fresh intents written since this store's last sweep
         if not create and not self.path.exists():
             raise OutboxError(f"no outbox at {self.path}")
@@ -337,12 +337,12 @@ class SQLiteStore(SQLStore):
         takes the shared path, with its attempts row.
 
         A record that ends the intent leaves its lease expiry for a sweep of
-        many: the write-ahead put the intent in the lease index, and taking it
+        many. A fresh row (schema v6) never entered the lease index; one a
+        sweep or a heartbeat took in while it was sending did, and taking it
         out with the answer would write that index's page in a second commit.
         The rows sit side by side at the table's end, as do their entries at
         the index's: one statement (:meth:`_sweep`) rewrites a few pages for
-        :data:`LEASE_SWEEP` of them. (A row still fresh never entered the
-        index, and the sweep leaves it alone.)
+        :data:`LEASE_SWEEP` of them, and leaves the rows still fresh alone.
         """
         deferred = decide.lease_exit_deferred(changes)
         written = changes if deferred is None else deferred
