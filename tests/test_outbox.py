@@ -353,6 +353,34 @@ def lease_index(path: Path) -> list[tuple[str, float]]:
     return [(str(r), float(e)) for r, e in rows]
 
 
+def assert_answered_without_lease(store: SQLiteStore, reference: str) -> None:
+    """The stored record says succeeded and no lease, whatever expiry the row still holds."""
+    record = store.get(reference)
+    assert record is not None
+    assert (record.state, record.lease_owner, record.lease_expires_at) == (
+        State.SUCCEEDED,
+        None,
+        None,
+    )
+
+
+def close_as_killed(store: SQLiteStore) -> None:
+    """Close ``store`` as a process killed mid-work leaves it: no sweep of its own."""
+    store._left.clear()
+    store._unswept = 0
+    store.close()
+
+
+def claimed_by_a_drain(path: Path, now: float = 1020.0) -> list[tuple[str, str]]:
+    """(reference, key) of what one claim of a new store on ``path`` takes at ``now``."""
+    drain = SQLiteStore(path, durability="normal")
+    try:
+        claimed = drain.claim_due(owner="drain", now=now, limit=10, lease_for=30)
+    finally:
+        drain.close()
+    return [(c.record.reference, c.record.key) for c in claimed]
+
+
 def swept_in_flight(store: SQLiteStore, new: NewIntent, *, now: float = 1000.0) -> Opened:
     """Open ``new`` and let a sweep find it still sending: it joins the lease index (schema v6).
 
@@ -376,13 +404,7 @@ def test_ended_intents_leave_the_lease_index_together(outbox_path: Path) -> None
         opened = swept_in_flight(store, new_intent(f"r-{n}", f"k-{n}"), now=1000.0 + n)
         assert answer(store, opened.lease) is True
     assert len(lease_index(outbox_path)) == LEASE_SWEEP - 1
-    record = store.get("r-0")
-    assert record is not None
-    assert (record.state, record.lease_owner, record.lease_expires_at) == (
-        State.SUCCEEDED,
-        None,
-        None,
-    )
+    assert_answered_without_lease(store, "r-0")
     live = swept_in_flight(store, new_intent("live", "k-live"), now=2000.0)
     last = swept_in_flight(store, new_intent("last", "k-last"), now=2000.0)
     # Two of them a claim took out meanwhile: the sweep does not write their rows again.
@@ -414,9 +436,7 @@ def test_a_claim_takes_out_the_ended_intents_it_walks_past(outbox_path: Path) ->
     crashed = store.open_intent(
         new_intent("crashed", "k-crashed"), owner="a", now=1001.0, lease_for=10
     )
-    store._left.clear()  # as a process that exited before its sweep leaves them
-    store._unswept = 0
-    store.close()
+    close_as_killed(store)
     assert len(lease_index(outbox_path)) == 5  # the crashed write-ahead is not among them
     drain = SQLiteStore(outbox_path, durability="normal")
     try:
@@ -470,9 +490,7 @@ def test_a_claim_for_some_origins_takes_out_the_ended_intents_of_others(
         )
         opened = swept_in_flight(store, to_b)
         assert answer(store, opened.lease) is True
-    store._left.clear()  # as a process killed before its sweep leaves them
-    store._unswept = 0
-    store.close()
+    close_as_killed(store)
     assert len(lease_index(outbox_path)) == 20
     drain = SQLiteStore(outbox_path, durability="normal")
     try:
@@ -620,13 +638,7 @@ def test_a_first_try_answer_never_enters_the_lease_index(outbox_path: Path) -> N
         assert store._conn.execute("SELECT upto FROM intents_swept").fetchall() == [
             (LEASE_SWEEP * 2,)
         ]
-        record = store.get("r-0")
-        assert record is not None
-        assert (record.state, record.lease_owner, record.lease_expires_at) == (
-            State.SUCCEEDED,
-            None,
-            None,
-        )
+        assert_answered_without_lease(store, "r-0")
     finally:
         store.close()
     assert lease_index(outbox_path) == []
@@ -644,16 +656,8 @@ def test_a_sweep_takes_in_a_send_still_in_flight_and_a_claim_finds_it(outbox_pat
         assert answer(store, opened.lease) is True
     assert lease_index(outbox_path) == [("slow", 1010.0)]
     assert unswept_sending(outbox_path) == []
-    store._left.clear()  # killed: no sweep at exit
-    store._unswept = 0
-    store.close()
-    drain = SQLiteStore(outbox_path, durability="normal")
-    try:
-        (claimed,) = drain.claim_due(owner="drain", now=1020.0, limit=10, lease_for=30)
-        assert claimed.record.reference == "slow"
-        assert slow.record.key == claimed.record.key
-    finally:
-        drain.close()
+    close_as_killed(store)
+    assert claimed_by_a_drain(outbox_path) == [("slow", slow.record.key)]
 
 
 def test_a_renewed_fresh_lease_joins_the_lease_index(outbox_path: Path) -> None:
@@ -696,15 +700,9 @@ def test_deleting_the_tables_end_lowers_the_watermark(outbox_path: Path) -> None
     store._conn.execute("DELETE FROM intents WHERE reference = 'f-2'")
     assert store._conn.execute("SELECT upto FROM intents_swept").fetchall() == [(LEASE_SWEEP - 3,)]
     assert unswept_sending(outbox_path) == []
-    store._left.clear()
-    store._unswept = 0
-    store.close()
-    drain = SQLiteStore(outbox_path, durability="normal")
-    try:
-        claimed = drain.claim_due(owner="drain", now=1020.0, limit=10, lease_for=30)
-        assert sorted(c.record.reference for c in claimed) == ["crashed", "f-0", "f-1"]
-    finally:
-        drain.close()
+    close_as_killed(store)
+    claimed = claimed_by_a_drain(outbox_path)
+    assert sorted(reference for reference, _ in claimed) == ["crashed", "f-0", "f-1"]
 
 
 def test_the_watermark_cannot_go_missing_and_its_loss_hides_nothing(outbox_path: Path) -> None:
@@ -719,15 +717,8 @@ def test_the_watermark_cannot_go_missing_and_its_loss_hides_nothing(outbox_path:
         store._conn.execute("INSERT INTO intents_swept (one, upto) VALUES (2, 0)")
     store._conn.execute("DROP TRIGGER intents_swept_stays")
     store._conn.execute("DELETE FROM intents_swept")
-    store._left.clear()
-    store._unswept = 0
-    store.close()
-    drain = SQLiteStore(outbox_path, durability="normal")
-    try:
-        (claimed,) = drain.claim_due(owner="drain", now=1020.0, limit=10, lease_for=30)
-        assert claimed.record.reference == "crashed"
-    finally:
-        drain.close()
+    close_as_killed(store)
+    assert [reference for reference, _ in claimed_by_a_drain(outbox_path)] == ["crashed"]
 
 
 def test_every_sending_row_stays_within_a_claims_reach(outbox_path: Path) -> None:
