@@ -301,7 +301,7 @@ class SQLStore(StoreBase):
         self, lease: Lease, attempt: AttemptRecord, changes: decide.Changes, *, durable: bool
     ) -> bool:
         with self._write(durable=durable) as conn:
-            number = self._count_attempt(conn, lease, changes)
+            number = self._count_attempt(conn, lease, changes, first=False)
             if number is None:
                 return False
             self._ended(conn, lease.intent_id, changes)
@@ -315,17 +315,28 @@ class SQLStore(StoreBase):
                 conn.execute(insert, tuple(row.values()))
             return True
 
-    def _count_attempt(self, conn: Any, lease: Lease, changes: decide.Changes) -> int | None:
+    def _count_attempt(
+        self, conn: Any, lease: Lease, changes: decide.Changes, *, first: bool
+    ) -> int | None:
         """Write ``changes`` and count one attempt, while the lease owns the row; its number.
 
-        None: nothing matched.
+        ``first``: only while no attempt is counted; the number is then 1, so
+        nothing is read back (a ``RETURNING`` clause costs SQLite an ephemeral
+        table) and the count of changed rows says whether it matched. None:
+        nothing matched.
         """
+        counted, then = (
+            ("1", " AND attempts = 0") if first else ("attempts + 1", " RETURNING attempts")
+        )
         update = self._shaped(
-            "UPDATE {intents} SET {sets}, attempts = attempts + 1"
-            " WHERE id = ? AND claim_token = ? RETURNING attempts",
+            f"UPDATE {{intents}} SET {{sets}}, attempts = {counted}"
+            f" WHERE id = ? AND claim_token = ?{then}",
             tuple(changes),
         )
-        rows = conn.execute(update, (*changes.values(), lease.intent_id, lease.token)).fetchall()
+        cursor = conn.execute(update, (*changes.values(), lease.intent_id, lease.token))
+        if first:
+            return 1 if cursor.rowcount == 1 else None
+        rows = cursor.fetchall()
         return int(rows[0][0]) if rows else None
 
     def _claim(

@@ -363,20 +363,12 @@ class SQLiteStore(SQLStore):
     ) -> bool:
         """Record a first attempt the intent row carries, in one autocommit statement.
 
-        Fenced like any record, and only while no attempt is counted; it counts
-        the first. Nothing to read back (the number is 1), so no ``RETURNING``
-        (see :meth:`_insert_alone`): the count of changed rows says it matched.
+        Fenced like any record, and only while no attempt is counted.
         """
         if not decide.carried(lease, 1, attempt, changes):
             return False
-        update = self._shaped(
-            "UPDATE {intents} SET {sets}, attempts = 1"
-            " WHERE id = ? AND claim_token = ? AND attempts = 0",
-            tuple(changes),
-        )
         with self._write_alone(durable=durable) as conn:
-            matched = conn.execute(update, (*changes.values(), lease.intent_id, lease.token))
-            return bool(matched.rowcount == 1)
+            return self._count_attempt(conn, lease, changes, first=True) is not None
 
     def _insert_alone(self, row: decide.Changes) -> int | None:
         """A new intent's row as one autocommit statement: its id, or None if nothing was written.
