@@ -55,11 +55,12 @@ _LEASE_ENDED = "state IN ({}) AND lease_owner IS NULL".format(
     ", ".join(sorted(f"'{state.value}'" for state in TERMINAL))
 )
 
-#: Every row that may hold a lease (schema v6): those in the lease index, and the
-#: fresh rows of the table's tail, past the sweep's watermark (migrations._v6).
-#: A sending row is always in one of them; the queries of the shared store that
-#: ask for leases read this instead of the table, and each arm keeps its index.
+#: The fresh rows of the table's tail, past the sweep's watermark (migrations._v6):
+#: a range of the table's key. (A missing watermark reads as 0: the whole table.)
 _TAIL = "id > coalesce((SELECT upto FROM intents_swept), 0) AND fresh IS NOT NULL"
+#: Every row that may hold a lease (schema v6): those in the lease index, and the
+#: tail's. A sending row is always in one of them; the queries of the shared store
+#: that ask for leases read this instead of the table, and each arm keeps its index.
 _LEASES = (
     "(SELECT * FROM intents WHERE lease_expires_at IS NOT NULL AND fresh IS NULL"
     f" UNION ALL SELECT * FROM intents WHERE {_TAIL})"

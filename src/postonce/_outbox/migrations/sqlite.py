@@ -195,15 +195,18 @@ def _v6(db: sqlite_utils.Database) -> None:
     watermark to the table's end. So a sending row is either in the index or
     past the watermark; the two triggers keep that true whoever writes:
 
-    - ``intents_fresh_leased``: a fresh row given a lease or put back to
-      sending by any later write (a heartbeat, a retry, a claim) joins the
-      index at once;
+    - ``intents_fresh_leased``: a fresh sending row given a lease by any later
+      write (a heartbeat, a retry, a claim: every move to sending sets one)
+      joins the index at once;
     - ``intents_swept_back``: deleting the rows at the table's end lowers the
       watermark with it, since SQLite gives the next row the end's id + 1.
 
-    A process of an older release inserts rows that are not fresh (NULL), so
-    they are indexed as before; its claims do not look in the tail, so they
-    find a crashed fresh row only once a sweep has indexed it.
+    The watermark's table keeps its one row (a ``CHECK`` and a trigger that
+    refuses its deletion). A process of an older release inserts rows that
+    are not fresh (NULL), so they are indexed as before; its queries cannot
+    say ``fresh IS NULL``, so they cannot use the new index and read the
+    whole table, which finds a fresh row at once but costs O(table) per
+    claim until every process is upgraded.
     """
     db.execute("ALTER TABLE intents ADD COLUMN fresh INTEGER")
     # One row, for good: a missing watermark would hide the tail from every claim.
