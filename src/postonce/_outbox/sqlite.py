@@ -386,15 +386,14 @@ class SQLiteStore(SQLStore):
             "INSERT INTO {intents} ({cols}, fresh) VALUES ({marks}, 1)", tuple(row)
         )
         try:
-            with self._write_alone(durable=True) as conn:
+            with self._write_alone(durable=True) as conn:  # (holds self._lock)
                 cursor = conn.execute(insert, tuple(row.values()))
+                if cursor.rowcount != 1 or cursor.lastrowid is None:
+                    return None
+                self._unswept += 1
+                return int(cursor.lastrowid)
         except sqlite3.IntegrityError:
             return None
-        if cursor.rowcount != 1 or cursor.lastrowid is None:
-            return None
-        with self._lock:
-            self._unswept += 1
-        return int(cursor.lastrowid)
 
     def _sweep_due(self) -> bool:
         return len(self._left) >= LEASE_SWEEP or self._unswept >= LEASE_SWEEP
