@@ -59,3 +59,55 @@ def test_a_send_keeps_the_stored_query_beside_the_clients_params() -> None:
     assert record is not None
     assert record.url == "https://api.test/a?y=2"  # httpx's own rule: params= replaces the query
     assert seen[0].params.multi_items() == [("k", "c"), ("y", "2")]
+
+
+def _sent_to(client: postonce.Client, url: str, intent: str) -> str:
+    client.post_once(url, json={}, intent=intent)
+    record = client.lookup(intent)
+    assert record is not None
+    return record.url
+
+
+def test_a_url_resolved_once_follows_a_new_base_url() -> None:
+    """The resolved address of ``"/a"`` is kept per base URL: setting ``base_url`` is obeyed.
+
+    httpx replaces its base URL object when ``base_url`` is set; an address kept
+    under the old one must not be served for the new one.
+    """
+    seen: list[str] = []
+    transport = httpx.MockTransport(lambda r: seen.append(str(r.url)) or httpx.Response(201))
+    with postonce.Client(
+        "https://one.test",
+        origins=["https://one.test", "https://two.test"],
+        transport=transport,
+        outbox=MemoryOutbox(),
+    ) as client:
+        assert _sent_to(client, "/a", "first") == "https://one.test/a"
+        assert _sent_to(client, "/a", "again") == "https://one.test/a"
+        client._http.base_url = "https://two.test"  # type: ignore[assignment]  # httpx's setter
+        assert _sent_to(client, "/a", "moved") == "https://two.test/a"
+    assert seen == ["https://one.test/a", "https://one.test/a", "https://two.test/a"]
+
+
+def test_a_refused_url_is_refused_every_time_and_per_client_origins() -> None:
+    """Only an accepted address is kept, and it is kept per client's origins.
+
+    Two clients on one httpx client (one base URL object): a URL the first
+    accepted is still refused by the second, whose origins leave it out; a
+    refusal is not remembered as an answer either, so it names each call's
+    own intent and stores nothing.
+    """
+    transport = httpx.MockTransport(lambda r: httpx.Response(201))
+    with httpx.Client(base_url="https://api.test", transport=transport) as http:
+        open_ = postonce.Client(
+            http=http, origins=["https://api.test", "https://other.test"], outbox=MemoryOutbox()
+        )
+        strict = postonce.Client(http=http, origins=["https://api.test"], outbox=MemoryOutbox())
+        assert _sent_to(open_, "https://other.test/a", "open") == "https://other.test/a"
+        for intent in ("first", "second"):
+            with pytest.raises(postonce.InvalidRequest, match="not one of this client's") as err:
+                strict.post_once("https://other.test/a", json={}, intent=intent)
+            assert err.value.intent == intent
+            assert strict.lookup(intent) is None
+        open_.close()
+        strict.close()

@@ -192,6 +192,56 @@ def _adopt(found: str | None, key: str | None, where: str, reference: str | None
     return found
 
 
+#: The stored URL, its origin, its request target (path and query) and the
+#: secret query parameters taken out of it.
+Address = tuple[str, str, str, tuple[tuple[str, str], ...]]
+
+#: Where a call's URL resolves, by (url, base_url's identity, origins, secret
+#: parameters): a service posts to a few URLs many times. See :func:`address`.
+_ADDRESSES: dict[tuple[Any, ...], tuple[Any, Address]] = {}
+_ADDRESSES_MAX = 512
+
+
+def address(
+    http: httpx.Client | httpx.AsyncClient,
+    url: httpx.URL | str,
+    params: Any,
+    origins: frozenset[str] | None,
+    secret_params: Collection[str],
+    reference: str | None,
+) -> Address:
+    """Where a call goes: :func:`merge_url`, :func:`check_url`, :func:`split_secret_params`.
+
+    A refused URL raises InvalidRequest naming ``reference``. A URL given as a
+    ``str`` without ``params`` is resolved once per client base URL: the answer
+    is kept by the base URL object's identity (httpx replaces it when
+    ``base_url`` is set; the object is kept with the answer, so its id is not
+    reused), and only an accepted URL is kept.
+    """
+    cacheable = params is None and type(url) is str and isinstance(secret_params, frozenset)
+    base = http.base_url
+    if cacheable:
+        slot = (url, id(base), origins, secret_params)
+        found = _ADDRESSES.get(slot)
+        if found is not None and found[0] is base:
+            return found[1]
+    try:
+        merged = merge_url(http, url, params)
+    except Exception as exc:
+        # httpx's or httpx2's InvalidURL (they share no base), or a bad params value.
+        if not isinstance(exc, TypeError | ValueError) and type(exc).__name__ != "InvalidURL":
+            raise
+        raise InvalidRequest(f"httpx cannot build this URL: {exc}", reference=reference) from exc
+    origin = check_url(merged, origins, reference)
+    merged, secret_query = split_secret_params(merged, secret_params)
+    answer = (str(merged), origin, merged.raw_path.decode("ascii"), secret_query)
+    if cacheable:
+        if len(_ADDRESSES) >= _ADDRESSES_MAX:
+            _ADDRESSES.clear()
+        _ADDRESSES[slot] = (base, answer)
+    return answer
+
+
 def prepare(
     http: httpx.Client | httpx.AsyncClient,
     method: str,
@@ -241,16 +291,9 @@ def prepare(
             ) from None
     reference = intent if intent is not None else key
 
-    try:
-        merged = merge_url(http, url, params)
-    except Exception as exc:
-        # httpx's or httpx2's InvalidURL (they share no base), or a bad params value.
-        if not isinstance(exc, TypeError | ValueError) and type(exc).__name__ != "InvalidURL":
-            raise
-        raise InvalidRequest(f"httpx cannot build this URL: {exc}", reference=reference) from exc
-    origin = check_url(merged, origins, reference)
-    merged, secret_query = split_secret_params(merged, secret_params)
-    target = merged.raw_path.decode("ascii")
+    stored_url, origin, target, secret_query = address(
+        http, url, params, origins, secret_params, reference
+    )
     if body_key:
         if json is UNSET or not isinstance(json, dict):
             raise InvalidRequest(
@@ -296,7 +339,7 @@ def prepare(
         key=key,
         key_given=key_given,
         method=method,
-        url=str(merged),
+        url=stored_url,
         headers=tuple(stored),
         secret_headers=tuple(secret),
         body=body,
