@@ -199,6 +199,8 @@ def test_provider_identity_follows_facts_not_objects() -> None:
     longer = one.model_copy(update={"retention": timedelta(hours=72)})
     identities = {provider_identity(p) for p in (one, moved, longer)}
     assert len(identities) == 3
+    # Asked again (each profile's identity is kept after its first use): the same answers.
+    assert {provider_identity(p) for p in (longer, moved, one)} == identities
 
 
 @pytest.mark.parametrize(

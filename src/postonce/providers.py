@@ -424,12 +424,24 @@ def provider_identity(provider: Provider) -> str:
     profile is ``name#digest``, the digest a short hash of its key facts, so a
     custom ``Provider`` is compared by those facts rather than by object identity.
     """
+    known = _IDENTITIES.get(id(provider))
+    if known is not None and known[0] is provider:  # profiles are frozen: computed once
+        return known[1]
     builtin = BUILTIN_PROVIDERS.get(provider.name)
     facts = _key_facts(provider)
     if builtin is not None and _key_facts(builtin) == facts:
-        return provider.name
-    canonical = json.dumps(facts, sort_keys=True, separators=(",", ":")).encode()
-    return f"{provider.name}#{hashlib.sha256(canonical).hexdigest()[:12]}"
+        identity = provider.name
+    else:
+        canonical = json.dumps(facts, sort_keys=True, separators=(",", ":")).encode()
+        identity = f"{provider.name}#{hashlib.sha256(canonical).hexdigest()[:12]}"
+    if len(_IDENTITIES) >= 256:
+        _IDENTITIES.clear()
+    # The profile is kept with its identity, so its id is not reused while cached.
+    _IDENTITIES[id(provider)] = (provider, identity)
+    return identity
+
+
+_IDENTITIES: dict[int, tuple[Provider, str]] = {}
 
 
 def same_provider(stored: str, identity: str) -> bool:
