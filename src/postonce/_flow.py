@@ -417,30 +417,47 @@ def _ambiguous_record(
     )
 
 
-def _gated(
-    sender: Sender, record: IntentRecord, lease: Lease, anchor: float | None
-) -> Generator[Effect, Any, None]:
-    """Let a send go ahead, or settle the intent as the gate says and raise."""
-    clock = sender.clock
-    stop = gate(
-        clock(),
+def _gate(sender: Sender, record: IntentRecord, anchor: float | None) -> Step | None:
+    """Whether a send may go ahead (None), or the step that stops the intent instead."""
+    return gate(
+        sender.clock(),
         anchor=anchor,
         deadline_at=record.deadline_at,
         provider=sender.provider,
         policy=sender.policy,
     )
-    if stop is not None:
-        yield StoreCall(
-            "settle",
-            {
-                "lease": lease,
-                "now": clock(),
-                "state": stop.state,
-                "note": stop.reason,
-                "settle_hold": sender.settle_hold,
-            },
-        )
-        raise _stop(sender, stop, record)
+
+
+def _stopped(
+    sender: Sender, record: IntentRecord, lease: Lease, stop: Step
+) -> Generator[Effect, Any, None]:
+    """Settle the intent as the gate's ``stop`` says, and raise its error."""
+    yield StoreCall(
+        "settle",
+        {
+            "lease": lease,
+            "now": sender.clock(),
+            "state": stop.state,
+            "note": stop.reason,
+            "settle_hold": sender.settle_hold,
+        },
+    )
+    raise _stop(sender, stop, record)
+
+
+def _due_to_wait(sender: Sender, record: IntentRecord, *, foreground: bool) -> float | None:
+    """The due time a foreground claim must wait for, or None when it may send now.
+
+    A claim is due by definition in the drain; in the foreground, wait for a
+    due time only while it is believable: one further off than any wait the
+    policy could have asked for was written before the clock went back.
+    """
+    due_at = record.due_at
+    if not foreground or due_at is None:
+        return None
+    policy, now = sender.policy, sender.clock()
+    longest = max(policy.retry_after_max, policy.wait_max, policy.in_flight_max) + CLOCK_TOLERANCE
+    return due_at if now < due_at <= now + longest else None
 
 
 def _wait_until_due(
@@ -448,21 +465,12 @@ def _wait_until_due(
     record: IntentRecord,
     lease: Lease,
     anchor_before: float | None,
+    due_at: float,
     *,
     ends_at: float | None,
-    foreground: bool,
 ) -> Generator[Effect, Any, None]:
-    """Sleep until a foreground claim is due, or hand it back when the caller cannot wait.
-
-    A claim is due by definition in the drain; in the foreground, wait for a
-    due time only while it is believable: one further off than any wait the
-    policy could have asked for was written before the clock went back.
-    """
-    policy, clock = sender.policy, sender.clock
-    longest = max(policy.retry_after_max, policy.wait_max, policy.in_flight_max) + CLOCK_TOLERANCE
-    due_at = record.due_at
-    if not (foreground and due_at is not None and clock() < due_at <= clock() + longest):
-        return
+    """Sleep until ``due_at``, or hand the claim back when the caller cannot wait that long."""
+    clock = sender.clock
     if ends_at is not None and due_at > ends_at:
         yield StoreCall(
             "release",
@@ -480,10 +488,8 @@ def _wait_until_due(
 def _renewed(
     sender: Sender, record: IntentRecord, progress: _Progress
 ) -> Generator[Effect, Any, None]:
-    """Renew the lease before a send when less than half of it is left: a send never outlives it."""
+    """Renew the lease before a send (see :func:`_renewal_due`): a send never outlives it."""
     clock, lease = sender.clock, progress.lease
-    if lease.expires_at - clock() >= sender.lease_seconds / 2:
-        return
     renewed = yield StoreCall(
         "renew", {"lease": lease, "now": clock(), "until": clock() + sender.lease_seconds}
     )
@@ -492,6 +498,11 @@ def _renewed(
             "another worker took over this intent", reference=record.reference, key=record.key
         )
     progress.lease = renewed
+
+
+def _renewal_due(sender: Sender, lease: Lease) -> bool:
+    """Whether less than half of the lease is left."""
+    return lease.expires_at - sender.clock() < sender.lease_seconds / 2
 
 
 @quick_init
@@ -750,10 +761,16 @@ def _send_claimed(
     foreground: bool,
 ) -> Generator[Effect, Any, httpx.Response]:
     """Gate, send, decide, record, wait: until an attempt ends the call."""
-    yield from _gated(sender, record, progress.lease, anchor_before)
-    yield from _wait_until_due(
-        sender, record, progress.lease, anchor_before, ends_at=ends_at, foreground=foreground
-    )
+    # The checks that mostly find nothing to do are plain calls; only a step
+    # that must yield an effect runs as a generator.
+    stop = _gate(sender, record, anchor_before)
+    if stop is not None:
+        yield from _stopped(sender, record, progress.lease, stop)
+    due_at = _due_to_wait(sender, record, foreground=foreground)
+    if due_at is not None:
+        yield from _wait_until_due(
+            sender, record, progress.lease, anchor_before, due_at, ends_at=ends_at
+        )
     wire = _Wire(
         url=parsed_url(sender.lib.URL, record.url),  # parsed once per process, not per send
         headers=wire_headers(record.headers, sender.secret_headers, record.key, sender.provider),
@@ -765,8 +782,11 @@ def _send_claimed(
         # Checked again before every send: a sleep can overrun (a suspended
         # process, a clock that jumped) past the horizon or the deadline.
         anchor = record.first_delivery_at if progress.delivered_maybe else anchor_before
-        yield from _gated(sender, record, progress.lease, anchor)
-        yield from _renewed(sender, record, progress)
+        stop = _gate(sender, record, anchor)
+        if stop is not None:
+            yield from _stopped(sender, record, progress.lease, stop)
+        if _renewal_due(sender, progress.lease):
+            yield from _renewed(sender, record, progress)
         tried = yield from _send_once(sender, record, progress, wire, number)
         # Waiting on an in-flight answer is not a retry: only the time budget bounds it.
         if tried.outcome is not Outcome.IN_PROGRESS:
