@@ -13,8 +13,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 from ._outbox.base import Lease
@@ -38,12 +37,15 @@ class Heartbeat:
         self._thread: threading.Thread | None = None
         self.renewals = 0  # renewals made, for tests and curiosity
 
-    @contextmanager
-    def holding(self, store: Any, lease: Lease | None) -> Iterator[None]:
-        """Keep ``lease`` alive on ``store`` for the duration of the block."""
-        if lease is None:
-            yield
-            return
+    def holding(self, store: Any, lease: Lease | None) -> _Held:
+        """Keep ``lease`` alive on ``store`` for the duration of a ``with`` block.
+
+        A plain context manager object, not a generator one: it is entered
+        around every send.
+        """
+        return _Held(self, store, lease)
+
+    def _hold(self, store: Any, lease: Lease) -> int:
         key = next(self._ids)
         with self._lock:
             self._held[key] = (store, lease)
@@ -55,11 +57,11 @@ class Heartbeat:
                     target=self._run, name="postonce-heartbeat", daemon=True
                 )
                 self._thread.start()
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._held.pop(key, None)
+        return key
+
+    def _let_go(self, key: int) -> None:
+        with self._lock:
+            self._held.pop(key, None)
 
     def _run(self) -> None:
         while not self._stop.wait(self.every):
@@ -93,3 +95,21 @@ class Heartbeat:
             self._stop.set()
         if thread is not None and thread.is_alive():
             thread.join()
+
+
+class _Held:
+    """One lease held by a :class:`Heartbeat` while its ``with`` block runs."""
+
+    __slots__ = ("_heartbeat", "_key", "_lease", "_store")
+
+    def __init__(self, heartbeat: Heartbeat, store: Any, lease: Lease | None) -> None:
+        self._heartbeat, self._store, self._lease = heartbeat, store, lease
+        self._key: int | None = None
+
+    def __enter__(self) -> None:
+        if self._lease is not None:
+            self._key = self._heartbeat._hold(self._store, self._lease)
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._key is not None:
+            self._heartbeat._let_go(self._key)
