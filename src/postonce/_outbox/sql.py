@@ -262,13 +262,6 @@ class SQLStore(StoreBase):
     ) -> Opened:
         lease = Lease(0, self._token(), owner, now + lease_for)
         row = decide.insert_row(new, lease, now)
-        insert = self._shaped(
-            "INSERT INTO {intents} ({cols}) VALUES ({marks})"
-            # Any unique conflict (reference or key, even both at once under
-            # concurrency) inserts nothing; which one it was is read back.
-            " ON CONFLICT DO NOTHING RETURNING id",
-            tuple(row),
-        )
         tried = False
         try:
             if self.one_statement_writes:
@@ -284,6 +277,13 @@ class SQLStore(StoreBase):
                 # it clashed with is gone since).
                 record = self._by_reference(conn, new.reference) if tried else None
                 if record is None:
+                    insert = self._shaped(
+                        "INSERT INTO {intents} ({cols}) VALUES ({marks})"
+                        # Any unique conflict (reference or key, even both at once under
+                        # concurrency) inserts nothing; which one it was is read back.
+                        " ON CONFLICT DO NOTHING RETURNING id",
+                        tuple(row),
+                    )
                     found = conn.execute(insert, tuple(row.values())).fetchone()
                     if found is not None:
                         return decide.created(new, int(found[0]), lease, now)
