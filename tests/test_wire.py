@@ -75,7 +75,12 @@ def test_a_url_resolved_once_follows_a_new_base_url() -> None:
     under the old one must not be served for the new one.
     """
     seen: list[str] = []
-    transport = httpx.MockTransport(lambda r: seen.append(str(r.url)) or httpx.Response(201))
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(str(request.url))
+        return httpx.Response(201)
+
+    transport = httpx.MockTransport(handler)
     with postonce.Client(
         "https://one.test",
         origins=["https://one.test", "https://two.test"],
@@ -84,7 +89,7 @@ def test_a_url_resolved_once_follows_a_new_base_url() -> None:
     ) as client:
         assert _sent_to(client, "/a", "first") == "https://one.test/a"
         assert _sent_to(client, "/a", "again") == "https://one.test/a"
-        client._http.base_url = "https://two.test"  # type: ignore[assignment]  # httpx's setter
+        client._http.base_url = "https://two.test"  # httpx's setter takes a str
         assert _sent_to(client, "/a", "moved") == "https://two.test/a"
     assert seen == ["https://one.test/a", "https://one.test/a", "https://two.test/a"]
 
