@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 import postonce
-from postonce._wire import merge_url
+from postonce._wire import address, merge_url
 from postonce.testing import MemoryOutbox
 
 
@@ -116,3 +116,29 @@ def test_a_refused_url_is_refused_every_time_and_per_client_origins() -> None:
             assert strict.lookup(intent) is None
         open_.close()
         strict.close()
+
+
+class _BaseSetMidCall:
+    """An httpx client stand-in whose base URL is set by another thread just after it is read."""
+
+    def __init__(self, first: httpx.URL, then: httpx.URL) -> None:
+        self.first, self.then, self.reads = first, then, 0
+
+    @property
+    def base_url(self) -> httpx.URL:
+        self.reads += 1
+        return self.first if self.reads == 1 else self.then
+
+
+class _Fixed:
+    def __init__(self, base: httpx.URL) -> None:
+        self.base_url = base
+
+
+def test_an_address_resolved_while_base_url_changed_is_not_kept_for_the_old_base() -> None:
+    """Resolved against a base URL set mid-call, an address is not kept under the one read first."""
+    one, two = httpx.URL("https://race-one.test"), httpx.URL("https://race-two.test")
+    racing: Any = _BaseSetMidCall(one, two)
+    assert address(racing, "/a", None, None, frozenset(), "r")[0] == "https://race-two.test/a"
+    steady: Any = _Fixed(one)  # the same base URL object as the first read above
+    assert address(steady, "/a", None, None, frozenset(), "r")[0] == "https://race-one.test/a"

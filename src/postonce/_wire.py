@@ -235,7 +235,9 @@ def address(
     origin = check_url(merged, origins, reference)
     merged, secret_query = split_secret_params(merged, secret_params)
     answer = (str(merged), origin, merged.raw_path.decode("ascii"), secret_query)
-    if cacheable:
+    # Kept only if merge_url joined to the base of the key (another thread may
+    # have set base_url meanwhile).
+    if cacheable and http.base_url is base:
         if len(_ADDRESSES) >= _ADDRESSES_MAX:
             _ADDRESSES.clear()
         _ADDRESSES[slot] = (base, answer)
