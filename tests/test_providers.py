@@ -7,7 +7,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from pydantic import ValidationError
+from pydantic import ConfigDict, ValidationError
 
 from postonce._exceptions import ConfigurationError, UnknownProvider
 from postonce._keys import check_key, mint_key
@@ -218,3 +218,16 @@ def test_provider_identity_follows_facts_not_objects() -> None:
 def test_same_provider(stored: str, identity: str, expected: bool) -> None:
     """An intent resumes only under its own provider; a bare pre-digest custom name still does."""
     assert same_provider(stored, identity) is expected
+
+
+def test_provider_identity_of_a_thawed_subclass_follows_its_facts() -> None:
+    """Only ``Provider`` itself (frozen) has its identity kept; a subclass that thaws its
+    model and moves its key gets a new identity, so a pending intent is not resumed under it."""
+
+    class Thawed(Provider):
+        model_config = ConfigDict(frozen=False, extra="forbid")
+
+    profile = Thawed(name="ledger", key_field="X-Key", retention=timedelta(hours=48))
+    before = provider_identity(profile)
+    profile.key_field = "X-Other-Key"
+    assert provider_identity(profile) != before

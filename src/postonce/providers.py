@@ -424,8 +424,11 @@ def provider_identity(provider: Provider) -> str:
     profile is ``name#digest``, the digest a short hash of its key facts, so a
     custom ``Provider`` is compared by those facts rather than by object identity.
     """
-    known = _IDENTITIES.get(id(provider))
-    if known is not None and known[0] is provider:  # profiles are frozen: computed once
+    # Computed once per profile object, for Provider itself (frozen); a subclass
+    # may have thawed its model, so its facts are read every time.
+    frozen = type(provider) is Provider
+    known = _IDENTITIES.get(id(provider)) if frozen else None
+    if known is not None and known[0] is provider:
         return known[1]
     builtin = BUILTIN_PROVIDERS.get(provider.name)
     facts = _key_facts(provider)
@@ -434,10 +437,11 @@ def provider_identity(provider: Provider) -> str:
     else:
         canonical = json.dumps(facts, sort_keys=True, separators=(",", ":")).encode()
         identity = f"{provider.name}#{hashlib.sha256(canonical).hexdigest()[:12]}"
-    if len(_IDENTITIES) >= 256:
-        _IDENTITIES.clear()
-    # The profile is kept with its identity, so its id is not reused while cached.
-    _IDENTITIES[id(provider)] = (provider, identity)
+    if frozen:
+        if len(_IDENTITIES) >= 256:
+            _IDENTITIES.clear()
+        # The profile is kept with its identity, so its id is not reused while cached.
+        _IDENTITIES[id(provider)] = (provider, identity)
     return identity
 
 
