@@ -23,6 +23,8 @@ import pytest
 
 import postonce
 from postonce import State
+from postonce._heartbeat import Heartbeat
+from postonce._outbox.base import Lease
 from postonce._outbox.locate import open_store
 from tests.conftest import FAST, LoopbackServer, pg_schema
 
@@ -300,3 +302,26 @@ def test_a_client_forked_into_a_child_names_the_child_as_owner(tmp_path: Path) -
     assert child != parent
     assert f"/{pid}/" in child
     assert f"/{os.getpid()}/" in parent
+
+
+def test_a_holding_block_holds_its_lease_once_and_lets_it_go() -> None:
+    """``Heartbeat.holding``: the lease is held inside the block only, also when the block
+    raises; no lease holds nothing; one holding entered twice is refused rather than
+    leaving its first lease renewed for good."""
+    beat = Heartbeat(every=3600.0, lease_for=15.0, clock=time.time)
+    lease = Lease(1, "token", "owner", time.time() + 15.0)
+    try:
+        held = beat.holding(object(), lease)
+        with held:
+            assert len(beat._held) == 1
+            with pytest.raises(RuntimeError, match="entered once"), held:
+                pass
+            assert len(beat._held) == 1
+        assert beat._held == {}
+        with pytest.raises(ValueError, match="the send failed"), beat.holding(object(), lease):
+            raise ValueError("the send failed")
+        assert beat._held == {}
+        with beat.holding(object(), None):
+            assert beat._held == {}
+    finally:
+        beat.close()

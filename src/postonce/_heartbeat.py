@@ -107,9 +107,12 @@ class _Held:
         self._key: int | None = None
 
     def __enter__(self) -> None:
+        if self._key is not None:
+            raise RuntimeError("a holding() block is entered once; call holding() again")
         if self._lease is not None:
             self._key = self._heartbeat._hold(self._store, self._lease)
 
     def __exit__(self, *exc_info: object) -> None:
         if self._key is not None:
             self._heartbeat._let_go(self._key)
+            self._key = None
