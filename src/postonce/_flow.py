@@ -451,6 +451,7 @@ def _due_to_wait(sender: Sender, record: IntentRecord, *, foreground: bool) -> f
     A claim is due by definition in the drain; in the foreground, wait for a
     due time only while it is believable: one further off than any wait the
     policy could have asked for was written before the clock went back.
+    Both bounds are read against one reading of the clock.
     """
     due_at = record.due_at
     if not foreground or due_at is None:
