@@ -27,8 +27,11 @@ Python randomises string hashing per process, which moves dict and set layouts
 and so the count: the same commit measured 2,266k and 2,317k instructions per
 ``post_once`` in two runs. Each child therefore runs with a fixed
 ``PYTHONHASHSEED``; ``--seeds 0,1,2`` repeats every arm under each seed and
-prints min/median/max over them, so one seed's luck is not read as a change.
-Compare two commits under the same seeds.
+prints min/median/max over them, so one seed's luck is not read as a change
+(an environment's own ``PYTHONHASHSEED`` is overridden). Compare two commits
+under the same seeds. Some hashed inputs still differ from run to run (the
+server's port in the URL, the outbox's temporary path, the minted keys), so a
+difference within the spread over seeds is not a change.
 
 Prints thousands of instructions per call and the ratios. Asserts nothing.
 """
@@ -135,6 +138,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         print(f"python: {sys.version.split()[0]}  httpx: {httpx.__version__}  server: {server.url}")
         seeds = [seed.strip() for seed in args.seeds.split(",") if seed.strip()]
+        if not seeds or not all(seed.isdigit() for seed in seeds):
+            print(f"--seeds takes PYTHONHASHSEED values, integers: {args.seeds!r}")
+            return 2
         print(
             f"calls: {args.calls} and {3 * args.calls} after {args.warmup} warm-up, per arm; "
             f"PYTHONHASHSEED: {', '.join(seeds)}"
