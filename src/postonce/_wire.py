@@ -19,6 +19,7 @@ import httpx
 from ._exceptions import ConfigurationError, InvalidKey, InvalidRequest
 from ._frozen import quick_init
 from ._keys import canonical_form, check_form, check_key, fingerprint, mint_key
+from ._memo import ByIdentity
 from ._sender import DEFAULT_SECRET_PARAMS, origin_of
 from .providers import Provider
 
@@ -196,10 +197,9 @@ def _adopt(found: str | None, key: str | None, where: str, reference: str | None
 #: secret query parameters taken out of it.
 Address = tuple[str, str, str, tuple[tuple[str, str], ...]]
 
-#: Where a call's URL resolves, by (url, base_url's identity, origins, secret
-#: parameters): a service posts to a few URLs many times. See :func:`address`.
-_ADDRESSES: dict[tuple[Any, ...], tuple[Any, Address]] = {}
-_ADDRESSES_MAX = 512
+#: Where a call's URL resolves, by base URL object, then url, origins and secret
+#: parameters: a service posts to a few URLs many times. See :func:`address`.
+_ADDRESSES: ByIdentity[Address] = ByIdentity(512)
 
 
 def address(
@@ -215,16 +215,15 @@ def address(
     A refused URL raises InvalidRequest naming ``reference``. A URL given as a
     ``str`` without ``params`` is resolved once per client base URL: the answer
     is kept by the base URL object's identity (httpx replaces it when
-    ``base_url`` is set; the object is kept with the answer, so its id is not
-    reused), and only an accepted URL is kept.
+    ``base_url`` is set), and only an accepted URL is kept.
     """
-    cacheable = params is None and type(url) is str and isinstance(secret_params, frozenset)
+    secrets = secret_params if isinstance(secret_params, frozenset) else None
+    cacheable = params is None and type(url) is str and secrets is not None
     base = http.base_url
     if cacheable:
-        slot = (url, id(base), origins, secret_params)
-        found = _ADDRESSES.get(slot)
-        if found is not None and found[0] is base:
-            return found[1]
+        found = _ADDRESSES.get(base, url, origins, secrets)
+        if found is not None:
+            return found
     try:
         merged = merge_url(http, url, params)
     except Exception as exc:
@@ -238,9 +237,7 @@ def address(
     # Kept only if merge_url joined to the base of the key (another thread may
     # have set base_url meanwhile).
     if cacheable and http.base_url is base:
-        if len(_ADDRESSES) >= _ADDRESSES_MAX:
-            _ADDRESSES.clear()
-        _ADDRESSES[slot] = (base, answer)
+        _ADDRESSES.put(base, answer, url, origins, secrets)
     return answer
 
 

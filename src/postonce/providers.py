@@ -26,6 +26,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ._exceptions import UnknownProvider
+from ._memo import ByIdentity
 
 __all__ = [
     "BUILTIN_PROVIDERS",
@@ -427,9 +428,9 @@ def provider_identity(provider: Provider) -> str:
     # Computed once per profile object, for Provider itself (frozen); a subclass
     # may have thawed its model, so its facts are read every time.
     frozen = type(provider) is Provider
-    known = _IDENTITIES.get(id(provider)) if frozen else None
-    if known is not None and known[0] is provider:
-        return known[1]
+    known = _IDENTITIES.get(provider) if frozen else None
+    if known is not None:
+        return known
     builtin = BUILTIN_PROVIDERS.get(provider.name)
     facts = _key_facts(provider)
     if builtin is not None and _key_facts(builtin) == facts:
@@ -438,14 +439,11 @@ def provider_identity(provider: Provider) -> str:
         canonical = json.dumps(facts, sort_keys=True, separators=(",", ":")).encode()
         identity = f"{provider.name}#{hashlib.sha256(canonical).hexdigest()[:12]}"
     if frozen:
-        if len(_IDENTITIES) >= 256:
-            _IDENTITIES.clear()
-        # The profile is kept with its identity, so its id is not reused while cached.
-        _IDENTITIES[id(provider)] = (provider, identity)
+        _IDENTITIES.put(provider, identity)
     return identity
 
 
-_IDENTITIES: dict[int, tuple[Provider, str]] = {}
+_IDENTITIES: ByIdentity[str] = ByIdentity(256)
 
 
 def same_provider(stored: str, identity: str) -> bool:
