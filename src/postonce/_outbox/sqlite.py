@@ -55,16 +55,16 @@ _LEASE_ENDED = "state IN ({}) AND lease_owner IS NULL".format(
     ", ".join(sorted(f"'{state.value}'" for state in TERMINAL))
 )
 
+#: The rows in the lease index ``intents_lease``: its condition, spelled as the
+#: index spells it (migrations._v6), so that the planner can use the index.
+_INDEXED = "lease_expires_at IS NOT NULL AND fresh IS NULL"
 #: The fresh rows of the table's tail, past the sweep's watermark (migrations._v6):
 #: a range of the table's key. (A missing watermark reads as 0: the whole table.)
 _TAIL = "id > coalesce((SELECT upto FROM intents_swept), 0) AND fresh IS NOT NULL"
 #: Every row that may hold a lease (schema v6): those in the lease index, and the
 #: tail's. A sending row is always in one of them; the queries of the shared store
 #: that ask for leases read this instead of the table, and each arm keeps its index.
-_LEASES = (
-    "(SELECT * FROM intents WHERE lease_expires_at IS NOT NULL AND fresh IS NULL"
-    f" UNION ALL SELECT * FROM intents WHERE {_TAIL})"
-)
+_LEASES = f"(SELECT * FROM intents WHERE {_INDEXED} UNION ALL SELECT * FROM intents WHERE {_TAIL})"
 
 #: How many lease-index entries past the claim's own a claim looks at for ended
 #: intents to take out (left there by a process killed before its sweep). Few:
@@ -416,8 +416,7 @@ class SQLiteStore(SQLStore):
                         marks = ", ".join("?" for _ in ids)
                         conn.execute(
                             "UPDATE intents SET lease_expires_at = NULL"
-                            f" WHERE id IN ({marks}) AND lease_expires_at IS NOT NULL"
-                            f" AND fresh IS NULL AND {_LEASE_ENDED}",
+                            f" WHERE id IN ({marks}) AND {_INDEXED} AND {_LEASE_ENDED}",
                             ids,
                         )
                     take_in_the_tail(conn)
@@ -459,23 +458,24 @@ class SQLiteStore(SQLStore):
             f" WHERE {_LEASE_ENDED})",
             (due_by, *whose, limit + _CLAIM_SWEEPS),
         )
-        # A fresh write-ahead whose process died is in the tail, not the index
-        # (schema v6): its own arm reads the tail, a range of the table's key.
+        # A sending row whose lease ran out (or whose owner is gone). It is in the
+        # lease index or, a fresh write-ahead whose process died, in the tail
+        # (schema v6): one arm reads each, the tail as a range of the table's key.
         # Then the claim takes the tail in, so the next claim's tail is short.
+        expired = (
+            f"state = 'sending' AND (lease_expires_at <= ?{dead}){only}"
+            " ORDER BY lease_expires_at, id LIMIT ?"
+        )
+        expired_params = (due_by, *owners, *params, limit)
         rows = conn.execute(
             f"SELECT {COLUMNS} FROM intents WHERE id IN ("
             " SELECT id FROM (SELECT id FROM intents"
             f"  WHERE state = 'pending' AND due_at <= ?{only} ORDER BY due_at, id LIMIT ?)"
             " UNION"
-            " SELECT id FROM (SELECT id FROM intents"
             # (The lease index's condition in full, which the OR would hide.)
-            "  WHERE state = 'sending' AND lease_expires_at IS NOT NULL AND fresh IS NULL"
-            f"  AND (lease_expires_at <= ?{dead}){only}"
-            "  ORDER BY lease_expires_at, id LIMIT ?)"
+            f" SELECT id FROM (SELECT id FROM intents WHERE {_INDEXED} AND {expired})"
             " UNION"
-            f" SELECT id FROM (SELECT id FROM intents WHERE {_TAIL}"
-            f"  AND state = 'sending' AND (lease_expires_at <= ?{dead}){only}"
-            "  ORDER BY lease_expires_at, id LIMIT ?)"
+            f" SELECT id FROM (SELECT id FROM intents WHERE {_TAIL} AND {expired})"
             # A clock that went back leaves due times far ahead: pending rows
             # touched "in the future" are due now (a live lease is never cut short).
             " UNION"
@@ -486,8 +486,8 @@ class SQLiteStore(SQLStore):
             f") ORDER BY {WAKE_ORDER} LIMIT ?",
             (
                 *(due_by, *params, limit),
-                *(due_by, *owners, *params, limit),
-                *(due_by, *owners, *params, limit),
+                *expired_params,
+                *expired_params,
                 *(now + CLOCK_TOLERANCE, *params, limit),
                 limit,
             ),
