@@ -24,14 +24,13 @@ start-up (imports, schema) cancelled out. Arms:
 * ``postonce``: ``postonce.Client(durability="normal").post_once(url, json=body)``.
 
 Python randomises string hashing per process, which moves dict and set layouts
-and so the count: the same commit measured 2,266k and 2,317k instructions per
-``post_once`` in two runs. Each child therefore runs with a fixed
-``PYTHONHASHSEED``; ``--seeds 0,1,2`` repeats every arm under each seed and
-prints min/median/max over them, so one seed's luck is not read as a change
-(an environment's own ``PYTHONHASHSEED`` is overridden). Compare two commits
-under the same seeds. Some hashed inputs still differ from run to run (the
-server's port in the URL, the outbox's temporary path, the minted keys), so a
-difference within the spread over seeds is not a change.
+and so the count (repeat runs of one commit were up to ~2% apart). Each child
+therefore runs with a fixed ``PYTHONHASHSEED``; ``--seeds 0,1,2`` repeats every
+arm under each seed and prints min/median/max over them, so one seed's luck is
+not read as a change (an environment's own ``PYTHONHASHSEED`` is overridden).
+Compare two commits under the same seeds. Some hashed inputs still differ from
+run to run (the server's port in the URL, the outbox's temporary path, the
+minted keys), so a difference within the spread over seeds is not a change.
 
 Prints thousands of instructions per call and the ratios. Asserts nothing.
 """
