@@ -87,6 +87,8 @@ class State:
     max_active: dict[str, int] = field(default_factory=dict)
     open_requests: dict[str, int] = field(default_factory=dict)
     max_concurrent: dict[str, int] = field(default_factory=dict)
+    open_now: int = 0  # requests open at once, all keys together
+    most_open: int = 0
 
 
 class ClientGone(Exception):
@@ -139,6 +141,7 @@ class IdempotentApp:
                 "requests": s.requests,
                 "max_active": s.max_active,
                 "max_concurrent": s.max_concurrent,
+                "most_open": s.most_open,
             }
             await _answer(send, 200, json.dumps(out).encode())
             return
@@ -183,10 +186,13 @@ class IdempotentApp:
         # Every request with this key that is open at once, replays and 409s included.
         s.open_requests[key] = s.open_requests.get(key, 0) + 1
         s.max_concurrent[key] = max(s.max_concurrent.get(key, 0), s.open_requests[key])
+        s.open_now += 1
+        s.most_open = max(s.most_open, s.open_now)
         try:
             await self._keyed(s, key, scope, parsed, directives, profile, send)
         finally:
             s.open_requests[key] -= 1
+            s.open_now -= 1
 
     async def _keyed(
         self,

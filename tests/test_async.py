@@ -20,7 +20,7 @@ from httpx_aiohttp import AiohttpTransport
 
 import postonce
 from postonce import SQLiteStore, State
-from tests.conftest import FAST, LoopbackServer
+from tests.conftest import FAST, LoopbackServer, pg_schema
 
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
 
@@ -286,3 +286,62 @@ def test_async_drain_stop_event_ends_a_forever_drain(
 
     report = run(main)
     assert report.succeeded == 1
+
+
+def test_async_drain_flow_waiting_for_a_send_slot_when_stopped_sends_nothing(
+    server: LoopbackServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stopped while it waited for the one slot, a claimed intent is released unsent.
+
+    On PostgreSQL, whose drain runs one flow more than it sends.
+    """
+    from postonce._drain import AsyncSendSlots
+
+    arrivals: list[object] = []
+    enter = AsyncSendSlots.__aenter__
+
+    async def counted(self: AsyncSendSlots) -> None:
+        arrivals.append(self)
+        await enter(self)
+
+    monkeypatch.setattr(AsyncSendSlots, "__aenter__", counted)
+
+    async def main() -> tuple[postonce.DrainReport, list[postonce.IntentRecord | None], int]:
+        async with postonce.AsyncClient(server.base_url, outbox=outbox, retry=FAST) as client:
+            for i in range(2):
+                with pytest.raises(postonce.IntentPending):
+                    await client.post_once(
+                        "/ietf/v1/charges",
+                        json={
+                            "amount": 1,
+                            "_test": {"before": [{"status": 503, "retry_after": "0"}]},
+                        },
+                        intent=f"aslot-{i}",
+                        retry=FAST.model_copy(update={"attempts": 1}),
+                    )
+            stop = anyio.Event()
+            original = client._http.send
+
+            async def send_when_both_wait(
+                request: httpx.Request, **kwargs: object
+            ) -> httpx.Response:
+                # This flow holds the slot; the other task has come to wait for it.
+                with anyio.fail_after(10):
+                    while len(arrivals) < 2:
+                        await anyio.sleep(0.005)
+                stop.set()
+                return await original(request)
+
+            client._http.send = send_when_both_wait  # type: ignore[method-assign]
+            report = await client.drain(stop=stop)
+            records = [await client.lookup(f"aslot-{i}") for i in range(2)]
+            client._http.send = original  # type: ignore[method-assign]
+            again = (await client.drain()).succeeded
+            return report, records, again
+
+    with pg_schema() as outbox:
+        report, records, again = run(main)
+    assert (report.claimed, report.sent, report.succeeded, report.pending) == (2, 1, 1, 1)
+    states = sorted((r.state.value, r.attempts, r.lease_owner) for r in records if r is not None)
+    assert states == [("pending", 1, None), ("succeeded", 2, None)]
+    assert again == 1

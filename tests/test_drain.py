@@ -13,6 +13,7 @@ import pytest
 
 import postonce
 from postonce import State
+from postonce._drain import SendSlots
 from postonce._intent import IllegalMove
 from postonce._outbox.locate import open_store
 from tests.conftest import FAST, ClientFactory, LoopbackServer, loopback_intent
@@ -21,12 +22,20 @@ from tests.unread_transport import UnreadMock
 ONE = FAST.model_copy(update={"attempts": 1})
 
 
-def pending_via_503(client: postonce.Client, intent: str, retry_after: str = "0") -> str:
-    """Leave an intent pending: its only foreground attempt meets a 503."""
+def pending_via_503(
+    client: postonce.Client, intent: str, retry_after: str = "0", delay: float = 0.0
+) -> str:
+    """Leave an intent pending: its only foreground attempt meets a 503.
+
+    ``delay``: seconds the server then takes to execute it (the drain's send).
+    """
+    test: dict[str, object] = {"before": [{"status": 503, "retry_after": retry_after}]}
+    if delay:
+        test["delay"] = delay
     with pytest.raises(postonce.IntentPending) as exc:
         client.post_once(
             "/ietf/v1/charges",
-            json={"amount": 1, "_test": {"before": [{"status": 503, "retry_after": retry_after}]}},
+            json={"amount": 1, "_test": test},
             intent=intent,
             retry=ONE,
         )
@@ -278,6 +287,69 @@ def test_drain_stop_event_releases_unsent_claims(
     assert (report.claimed, report.succeeded, report.pending) == (3, 1, 2)
     leased = [r for r in client.outbox.list_intents() if r.lease_owner is not None]
     assert leased == []
+
+
+@pytest.mark.parametrize("concurrency", [1, 3])
+def test_drain_has_at_most_concurrency_sends_in_flight(
+    server: LoopbackServer, make_client: ClientFactory, concurrency: int
+) -> None:
+    """A drain runs one flow more than it sends; the server never sees more than it allows.
+
+    The extra flow commits one intent's record while the next one's request is on
+    the wire. Its send waits for a slot: without the slots the server would see
+    ``concurrency + 1`` requests at once.
+    """
+    client = make_client(server.base_url, durability="normal")
+    keys = [pending_via_503(client, f"slots-{concurrency}-{i}", delay=0.05) for i in range(8)]
+    server.app.state.most_open = 0
+    report = client.drain(concurrency=concurrency)
+    assert (report.claimed, report.succeeded, report.sent) == (8, 8, 8)
+    assert server.ledger()["most_open"] == concurrency
+    for key in keys:
+        assert len(server.effects_for(key)) == 1
+
+
+@pytest.mark.parametrize("backend", ["postgres"])  # the store whose drain runs a flow more
+def test_a_flow_that_waits_for_a_send_slot_when_the_drain_stops_sends_nothing(
+    server: LoopbackServer, make_sync_client: ClientFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stopped while it waited for the one slot, a claimed intent is released unsent.
+
+    It is left as the drain found it: pending, unleased, no attempt recorded,
+    and the next drain sends it.
+    """
+    client = make_sync_client(server.base_url)
+    keys = [pending_via_503(client, f"slot-stop-{i}") for i in range(2)]
+    arrived = threading.Semaphore(0)
+    enter = SendSlots.__enter__
+
+    def counted(self: SendSlots) -> None:
+        arrived.release()
+        enter(self)
+
+    monkeypatch.setattr(SendSlots, "__enter__", counted)
+    stop = threading.Event()
+    original = client._http.send
+
+    def send_when_both_wait(request: httpx.Request, **kwargs: object) -> httpx.Response:
+        # This flow holds the slot; the other flow has come to wait for it.
+        assert arrived.acquire(timeout=10)  # its own arrival
+        assert arrived.acquire(timeout=10)  # the other flow's
+        stop.set()
+        return original(request)
+
+    client._http.send = send_when_both_wait  # type: ignore[method-assign]
+    report = client.drain(stop=stop)
+    assert (report.claimed, report.sent, report.succeeded, report.pending) == (2, 1, 1, 1)
+    sends = {key: len(server.requests_for(key)) for key in keys}  # the 503 counts one
+    assert sorted(sends.values()) == [1, 2]
+    (unsent,) = [i for i, key in enumerate(keys) if sends[key] == 1]
+    record = client.lookup(f"slot-stop-{unsent}")
+    assert record is not None
+    assert (record.state, record.attempts, record.lease_owner) == (State.PENDING, 1, None)
+    client._http.send = original  # type: ignore[method-assign]
+    assert client.drain().succeeded == 1
+    assert len(server.effects_for(keys[unsent])) == 1
 
 
 def test_drain_concurrency_sends_every_intent_once(

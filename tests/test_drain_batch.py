@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from postonce._drain import BATCH_SECONDS, MOST_CLAIMED, next_batch
+import pytest
+
+from postonce import SQLiteStore
+from postonce._drain import BATCH_SECONDS, MOST_CLAIMED, flows_for, next_batch
+from postonce._outbox.postgres import PostgresStore
+from postonce.testing import MemoryOutbox
 
 
 def test_a_quick_drain_claims_more_a_pass_up_to_the_most() -> None:
@@ -24,3 +29,20 @@ def test_a_short_batch_measures_nothing() -> None:
     """The backlog's last few (or a clock that did not move) leave the batch as it was."""
     assert next_batch(64, 3, 0.001, least=16) == 64
     assert next_batch(64, 64, 0.0, least=16) == 64
+
+
+@pytest.mark.parametrize(
+    ("store", "concurrency", "flows"),
+    [
+        (PostgresStore, 1, 2),  # a record's round trip overlaps the next send
+        (PostgresStore, 8, 9),
+        (SQLiteStore, 1, 1),  # a local record has no wait to overlap
+        (SQLiteStore, 8, 8),
+        (MemoryOutbox, 4, 4),
+        (object(), 4, 4),  # a store of the caller's own, which says nothing
+    ],
+)
+def test_a_drain_runs_one_flow_more_than_it_sends_only_on_a_remote_store(
+    store: object, concurrency: int, flows: int
+) -> None:
+    assert flows_for(store, concurrency) == flows

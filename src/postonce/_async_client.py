@@ -12,6 +12,7 @@ import inspect
 import logging
 import time
 from collections.abc import Callable, Collection, Generator, Sequence
+from contextlib import AbstractAsyncContextManager, nullcontext
 from typing import Any, Literal
 
 import anyio
@@ -22,10 +23,13 @@ from ._base import BaseClient, OnceOptions, named, with_options
 from ._budget import RetryBudget
 from ._drain import (
     JUST_BEFORE,
+    AsyncSendSlots,
     DrainReport,
+    DrainStopped,
     Tally,
     claim_failed,
     count_outcome,
+    flows_for,
     note_census,
 )
 from ._exceptions import ConfigurationError, OutboxError, PostonceError
@@ -53,6 +57,9 @@ from .providers import Provider
 __all__ = ["AsyncClient"]
 
 logger = logging.getLogger("postonce")
+
+#: The send slot of a flow that is not a drain's: sends are not counted or bounded.
+NO_SLOT: AbstractAsyncContextManager[None] = nullcontext()
 
 
 class AsyncClient(BaseClient):
@@ -226,18 +233,21 @@ class AsyncClient(BaseClient):
         thread: StoreThread,
         reference: str,
         key: str,
-        on_send: Callable[[], None] | None = None,
+        slot: AbstractAsyncContextManager[None] = NO_SLOT,
     ) -> Any:
         """Perform a flow's effects with awaits until it returns or raises.
 
         On cancellation the flow is told it is abandoned and its clean-up
         (store calls only) is performed, shielded, before the cancellation
         goes on. A store call already queued still completes and its result
-        reaches the flow first: the flow must know what it committed.
+        reaches the flow first: the flow must know what it committed. A
+        drain's flow sends inside its ``slot`` (:class:`AsyncSendSlots`); a
+        slot that refuses because the drain is stopping abandons the flow the
+        same way, before anything is sent, and its DrainStopped goes on.
         """
         pending, token = collect_awaitables()
         try:
-            return await self._perform(flow, thread, pending, reference, key, on_send)
+            return await self._perform(flow, thread, pending, reference, key, slot)
         finally:
             drop_hooks(pending)
             stop_collecting(token)
@@ -249,7 +259,7 @@ class AsyncClient(BaseClient):
         pending: Pending,
         reference: str,
         key: str,
-        on_send: Callable[[], None] | None,
+        slot: AbstractAsyncContextManager[None],
     ) -> Any:
         value: Any = None
         error: BaseException | None = None
@@ -285,17 +295,16 @@ class AsyncClient(BaseClient):
                 continue
             try:
                 if isinstance(effect, Send):
-                    if on_send is not None:
-                        on_send()
                     with self._heartbeat.holding(thread.store, effect.lease):
-                        if self._around_send:
-                            sends += 1
-                            detail = SendDetail(reference, key, sends, outbox_seconds)
-                            outbox_seconds = 0.0
-                            with sending(self.hooks, detail):
+                        async with slot:
+                            if self._around_send:
+                                sends += 1
+                                detail = SendDetail(reference, key, sends, outbox_seconds)
+                                outbox_seconds = 0.0
+                                with sending(self.hooks, detail):
+                                    value = await self._http.send(effect.request)
+                            else:
                                 value = await self._http.send(effect.request)
-                        else:
-                            value = await self._http.send(effect.request)
                 elif isinstance(effect, Sleep):
                     await anyio.sleep(effect.seconds)
                 elif isinstance(effect, Callback):
@@ -321,6 +330,8 @@ class AsyncClient(BaseClient):
                         error = store_error
                 else:
                     error = Abandoned()
+            except DrainStopped as exc:  # refused a send slot: the flow releases its claim
+                cancelled, error = exc, Abandoned()
             except Exception as exc:
                 error = exc
 
@@ -376,7 +387,8 @@ class AsyncClient(BaseClient):
         tally = Tally()
         stop = stop if stop is not None else anyio.Event()
         started, began = self._clock(), time.monotonic()
-        limiter = anyio.CapacityLimiter(concurrency)
+        limiter = anyio.CapacityLimiter(flows_for(thread.store, concurrency))
+        slots = AsyncSendSlots(concurrency, stop, tally)
         batch = max(1, min(concurrency * 4, 256))
 
         async def one(opened: Opened) -> None:
@@ -392,7 +404,7 @@ class AsyncClient(BaseClient):
                         thread,
                         record.reference,
                         record.key,
-                        lambda: tally.add("sent"),
+                        slots,
                     )
                 except Exception as exc:
                     outcome = exc

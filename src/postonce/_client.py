@@ -6,6 +6,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Generator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Literal
 
 import httpx
@@ -19,7 +20,17 @@ from ._base import (
     with_options,
 )
 from ._budget import RetryBudget
-from ._drain import DrainReport, Tally, count_outcome, note_census, run_drain, stop_on_signals
+from ._drain import (
+    DrainReport,
+    DrainStopped,
+    SendSlots,
+    Tally,
+    count_outcome,
+    flows_for,
+    note_census,
+    run_drain,
+    stop_on_signals,
+)
 from ._exceptions import ConfigurationError, OutboxError, PostonceError
 from ._flow import Abandoned, Callback, Effect, Send, Sleep, StoreCall, run
 from ._intent import IntentRecord, State
@@ -35,6 +46,9 @@ from .providers import Provider
 __all__ = ["Client"]
 
 logger = logging.getLogger("postonce")
+
+#: The send slot of a flow that is not a drain's: sends are not counted or bounded.
+NO_SLOT: AbstractContextManager[None] = nullcontext()
 
 
 class Client(BaseClient):
@@ -206,12 +220,15 @@ class Client(BaseClient):
         store: Store,
         reference: str,
         key: str,
-        on_send: Callable[[], None] | None = None,
+        slot: AbstractContextManager[None] = NO_SLOT,
     ) -> Any:
         """Perform a flow's effects with blocking calls until it returns or raises.
 
         On Ctrl-C the flow is told it is abandoned and its clean-up (store
-        calls only) is performed before the interrupt goes on.
+        calls only) is performed before the interrupt goes on. A drain's flow
+        sends inside its ``slot`` (:class:`SendSlots`); a slot that refuses
+        because the drain is stopping abandons the flow the same way, before
+        anything is sent, and its DrainStopped goes on.
         """
         value: Any = None
         error: BaseException | None = None
@@ -235,9 +252,7 @@ class Client(BaseClient):
                 continue
             try:
                 if isinstance(effect, Send):
-                    if on_send is not None:
-                        on_send()
-                    with self._heartbeat.holding(store, effect.lease):
+                    with self._heartbeat.holding(store, effect.lease), slot:
                         if self._around_send:
                             sends += 1
                             detail = SendDetail(reference, key, sends, outbox_seconds)
@@ -254,6 +269,8 @@ class Client(BaseClient):
                     began = time.perf_counter()
                     value = effect.on(store)
                     outbox_seconds += time.perf_counter() - began
+            except DrainStopped as exc:
+                interrupted, error = exc, Abandoned()
             except Exception as exc:
                 error = exc
             except KeyboardInterrupt as exc:
@@ -321,6 +338,8 @@ class Client(BaseClient):
             claimed: list[Opened] = call.on(store)
             return claimed
 
+        slots = SendSlots(concurrency, stop, tally)
+
         def process(opened: Opened) -> None:
             record = opened.record
             try:
@@ -329,7 +348,7 @@ class Client(BaseClient):
                     store,
                     record.reference,
                     record.key,
-                    lambda: tally.add("sent"),
+                    slots,
                 )
             except Exception as exc:
                 outcome = exc
@@ -348,6 +367,7 @@ class Client(BaseClient):
                 forever=forever,
                 interval=interval,
                 concurrency=concurrency,
+                flows=flows_for(store, concurrency),
                 stop=stop,
                 progress=progress,
                 aftercare=lambda: self._aftercare_quietly(store, tally),

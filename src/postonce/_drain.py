@@ -10,6 +10,7 @@ to ``expired`` and logged, never sent.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import signal
 import threading
@@ -18,8 +19,9 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from types import FrameType
+from types import FrameType, TracebackType
 
+import anyio
 from pydantic import BaseModel, ConfigDict
 
 from ._exceptions import (
@@ -32,7 +34,18 @@ from ._exceptions import (
 from ._intent import State
 from ._outbox.base import Census, Opened
 
-__all__ = ["JUST_BEFORE", "DrainReport", "Tally", "claim_failed", "next_batch", "run_drain"]
+__all__ = [
+    "JUST_BEFORE",
+    "AsyncSendSlots",
+    "DrainReport",
+    "DrainStopped",
+    "SendSlots",
+    "Tally",
+    "claim_failed",
+    "flows_for",
+    "next_batch",
+    "run_drain",
+]
 
 logger = logging.getLogger("postonce")
 
@@ -92,6 +105,76 @@ class Tally:
             return DrainReport(duration=duration, **self.counts)
 
 
+class DrainStopped(Exception):
+    """The drain stopped while this intent waited for a send slot: it is released, unsent."""
+
+
+class SendSlots:
+    """At most ``limit`` sends at once; entering one counts a send.
+
+    A drain runs one flow more than it sends, so one intent's record commits
+    while the next one's request is on the wire. The slot is where a waiting
+    flow learns that the drain was asked to stop: it raises
+    :class:`DrainStopped` instead of sending, and the flow releases its claim
+    (attempts in flight finish; claims not yet sent are released).
+    """
+
+    def __init__(self, limit: int, stop: threading.Event, tally: Tally) -> None:
+        self._free = threading.Semaphore(limit)
+        self._stop = stop
+        self._tally = tally
+
+    def __enter__(self) -> None:
+        self._free.acquire()
+        if self._stop.is_set():
+            self._free.release()
+            raise DrainStopped("the drain is stopping; this intent was not sent")
+        self._tally.add("sent")
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._free.release()
+
+
+class AsyncSendSlots:
+    """:class:`SendSlots` for tasks: at most ``limit`` sends at once."""
+
+    def __init__(self, limit: int, stop: anyio.Event, tally: Tally) -> None:
+        self._free = anyio.Semaphore(limit)
+        self._stop = stop
+        self._tally = tally
+
+    async def __aenter__(self) -> None:
+        await self._free.acquire()
+        if self._stop.is_set():
+            self._free.release()
+            raise DrainStopped("the drain is stopping; this intent was not sent")
+        self._tally.add("sent")
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._free.release()
+
+
+def flows_for(store: object, concurrency: int) -> int:
+    """How many intents a drain works on at once: one more than it sends, if records wait.
+
+    A remote store's record (PostgreSQL) waits on a round trip; the extra flow
+    commits one intent's record while the next one's request is on the wire,
+    and :class:`SendSlots` keep the sends at ``concurrency``. A local store's
+    record (SQLite) has no wait to overlap: an extra thread would only contend.
+    """
+    return concurrency + 1 if getattr(store, "remote", False) else concurrency
+
+
 def note_census(report: DrainReport, census: Census | Exception, sender: str) -> DrainReport:
     """The report with what the drain left, and why: counted, and said in the log."""
     if isinstance(census, Exception):
@@ -122,7 +205,7 @@ def note_census(report: DrainReport, census: Census | Exception, sender: str) ->
 
 def count_outcome(tally: Tally, outcome: object) -> None:
     """Count how one claimed intent's flow ended: its response, or what it raised."""
-    if isinstance(outcome, IntentPending):
+    if isinstance(outcome, (IntentPending, DrainStopped)):
         tally.add("pending")
     elif isinstance(outcome, IntentExpired):
         tally.add("expired")
@@ -198,6 +281,7 @@ def run_drain(
     forever: bool,
     interval: float,
     concurrency: int,
+    flows: int,
     stop: threading.Event,
     progress: Callable[[DrainReport], None] | None = None,
     aftercare: Callable[[], None] | None = None,
@@ -205,10 +289,12 @@ def run_drain(
     """Claim and process batches of due intents until none is due (or until stopped).
 
     ``claim(due_by, limit)`` leases due intents; ``process`` sends one claimed
-    intent and counts its outcome; ``release`` hands back a claim that will not
-    be sent (because the drain is stopping). Without ``forever``, only intents
-    due when the drain started are taken, so each is sent at most once.
-    ``aftercare`` (reconciliation, settlements) runs whenever nothing is due.
+    intent and counts its outcome, ``flows`` of them at once (see
+    :func:`flows_for`; ``process`` keeps the sends to ``concurrency``);
+    ``release`` hands back a claim that will not be sent (because the drain is
+    stopping). Without ``forever``, only intents due when the drain started
+    are taken, so each is sent at most once. ``aftercare`` (reconciliation,
+    settlements) runs whenever nothing is due.
     """
     started = clock()
     began = time.monotonic()
@@ -225,6 +311,11 @@ def run_drain(
             return
         process(opened)
 
+    caller = contextvars.copy_context()
+
+    def in_context(opened: Opened) -> None:
+        caller.copy().run(one, opened)
+
     def claim_more() -> list[Opened] | None:
         """The next claims; None when the claim failed (logged, counted, waited out)."""
         try:
@@ -239,7 +330,8 @@ def run_drain(
                 progress(tally.report(time.monotonic() - began))
         return claimed
 
-    with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="postonce-drain") as pool:
+    # Each flow runs in a copy of the caller's context; one flow runs in the caller's thread.
+    with ThreadPoolExecutor(max_workers=flows, thread_name_prefix="postonce-drain") as pool:
         while not stop.is_set():
             passed = time.monotonic()
             claimed = claim_more()
@@ -254,10 +346,10 @@ def run_drain(
                 continue
             # (Claiming the next batch while this one's last sends run was tried:
             # slower on a CPU-bound drain, so batches stay simple.)
-            if concurrency == 1:
+            if flows == 1:
                 for opened in claimed:
                     one(opened)
             else:
-                list(pool.map(one, claimed))
+                list(pool.map(in_context, claimed))
             batch = next_batch(batch, len(claimed), time.monotonic() - passed, least)
     return tally.report(time.monotonic() - began)

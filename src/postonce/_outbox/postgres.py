@@ -184,6 +184,7 @@ class PostgresStore(SQLStore):
     #: Every attempt keeps its attempts row, with the host that sent it: hosts are
     #: many here, and the WAL-page economy of a carried first attempt is SQLite's.
     carries_first_attempt = False
+    remote = True
 
     placeholder = "%s"
     lock_row = " FOR UPDATE"

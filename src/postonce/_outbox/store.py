@@ -53,6 +53,11 @@ class StoreBase(ABC):
     #: (``decide.carried``), without an attempts row.
     carries_first_attempt: ClassVar[bool] = True
 
+    #: A record waits on a round trip to a database server. A drain then runs one
+    #: flow more than it sends, so one intent's record overlaps the next one's
+    #: send; a local store's record has no wait to overlap.
+    remote: ClassVar[bool] = False
+
     @abstractmethod
     def _claim(
         self, *, due_by: float, now: float, limit: int, take: Take, mine: Mine
