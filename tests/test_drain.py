@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 import time
@@ -350,6 +351,28 @@ def test_a_flow_that_waits_for_a_send_slot_when_the_drain_stops_sends_nothing(
     client._http.send = original  # type: ignore[method-assign]
     assert client.drain().succeeded == 1
     assert len(server.effects_for(keys[unsent])) == 1
+
+
+def test_drain_flows_see_the_callers_context_variables(
+    server: LoopbackServer, make_sync_client: ClientFactory
+) -> None:
+    """Each drain flow runs in a copy of the caller's context, in the pool's threads too."""
+    tenant: contextvars.ContextVar[str] = contextvars.ContextVar("tenant")
+    client = make_sync_client(server.base_url)
+    for i in range(4):
+        pending_via_503(client, f"ctx-{i}")
+    seen: list[tuple[str | None, str]] = []
+    original = client._http.send
+
+    def send(request: httpx.Request, **kwargs: object) -> httpx.Response:
+        seen.append((tenant.get(None), threading.current_thread().name))
+        return original(request)
+
+    client._http.send = send  # type: ignore[method-assign]
+    tenant.set("acme")
+    assert client.drain(concurrency=3).succeeded == 4
+    assert [value for value, _ in seen] == ["acme"] * 4
+    assert all(name.startswith("postonce-drain") for _, name in seen)
 
 
 def test_drain_concurrency_sends_every_intent_once(
