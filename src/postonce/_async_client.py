@@ -30,6 +30,8 @@ from ._drain import (
     claim_failed,
     count_outcome,
     flows_for,
+    least_batch,
+    next_batch,
     note_census,
 )
 from ._exceptions import ConfigurationError, OutboxError, PostonceError
@@ -389,7 +391,8 @@ class AsyncClient(BaseClient):
         started, began = self._clock(), time.monotonic()
         limiter = anyio.CapacityLimiter(flows_for(thread.store, concurrency))
         slots = AsyncSendSlots(concurrency, stop, tally)
-        batch = max(1, min(concurrency * 4, 256))
+        # Paced as the sync drain's (see BATCH_SECONDS): one durable claim serves many sends.
+        least = batch = least_batch(concurrency)
 
         async def one(opened: Opened) -> None:
             async with limiter:
@@ -411,6 +414,7 @@ class AsyncClient(BaseClient):
                 count_outcome(tally, outcome)
 
         while not stop.is_set():
+            passed = time.monotonic()
             await self._adopt(thread)
             call = self._claim_call(self._clock() if forever else started - JUST_BEFORE, batch)
             try:
@@ -434,6 +438,7 @@ class AsyncClient(BaseClient):
             async with anyio.create_task_group() as group:
                 for opened in claimed:
                     group.start_soon(one, opened)
+            batch = next_batch(batch, len(claimed), time.monotonic() - passed, least)
             if progress is not None:
                 progress(tally.report(time.monotonic() - began))
         report = tally.report(time.monotonic() - began)

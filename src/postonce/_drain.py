@@ -43,6 +43,7 @@ __all__ = [
     "Tally",
     "claim_failed",
     "flows_for",
+    "least_batch",
     "next_batch",
     "run_drain",
 ]
@@ -259,6 +260,11 @@ def stop_on_signals(stop: threading.Event) -> Iterator[None]:
             signal.signal(sig, old)
 
 
+def least_batch(concurrency: int) -> int:
+    """The fewest a drain claims at once: ``concurrency * 4`` and 16, at most MOST_CLAIMED."""
+    return min(max(16, concurrency * 4), MOST_CLAIMED)
+
+
 def next_batch(batch: int, done: int, seconds: float, least: int) -> int:
     """How many to claim next: what the drain finished in BATCH_SECONDS at this pass's pace.
 
@@ -301,8 +307,7 @@ def run_drain(
     # Claims are durable commits: take enough at once that one commit serves many
     # sends (see BATCH_SECONDS). The flow renews a lease that has run half out
     # before it sends.
-    least = min(max(16, concurrency * 4), MOST_CLAIMED)
-    batch = least
+    least = batch = least_batch(concurrency)
 
     def one(opened: Opened) -> None:
         if stop.is_set():
