@@ -32,6 +32,17 @@ def run(main: Callable[[], Awaitable[T]], backend: str = "asyncio") -> T:
     return anyio.run(main, backend=backend)
 
 
+async def pending_via_503(client: postonce.AsyncClient, intent: str) -> None:
+    """Leave an intent pending for a drain: its only foreground attempt meets a 503."""
+    with pytest.raises(postonce.IntentPending):
+        await client.post_once(
+            "/ietf/v1/charges",
+            json={"amount": 1, "_test": {"before": [{"status": 503, "retry_after": "0"}]}},
+            intent=intent,
+            retry=FAST.model_copy(update={"attempts": 1}),
+        )
+
+
 def test_concurrent_intents_share_commits_and_each_is_written_ahead(outbox_path: Path) -> None:
     """64 concurrent post_once: fewer transactions than calls; each row is there before its send."""
     seen: list[str] = []
@@ -265,16 +276,7 @@ def test_async_drain_stop_event_ends_a_forever_drain(
 
             async with anyio.create_task_group() as group:
                 group.start_soon(drainer)
-                with pytest.raises(postonce.IntentPending):
-                    await client.post_once(
-                        "/ietf/v1/charges",
-                        json={
-                            "amount": 1,
-                            "_test": {"before": [{"status": 503, "retry_after": "0"}]},
-                        },
-                        intent="fv",
-                        retry=FAST.model_copy(update={"attempts": 1}),
-                    )
+                await pending_via_503(client, "fv")
                 deadline = anyio.current_time() + 10
                 while (record := await client.lookup("fv")) is not None and (
                     record.state is not State.SUCCEEDED
@@ -309,16 +311,7 @@ def test_async_drain_flow_waiting_for_a_send_slot_when_stopped_sends_nothing(
     async def main() -> tuple[postonce.DrainReport, list[postonce.IntentRecord | None], int]:
         async with postonce.AsyncClient(server.base_url, outbox=outbox, retry=FAST) as client:
             for i in range(2):
-                with pytest.raises(postonce.IntentPending):
-                    await client.post_once(
-                        "/ietf/v1/charges",
-                        json={
-                            "amount": 1,
-                            "_test": {"before": [{"status": 503, "retry_after": "0"}]},
-                        },
-                        intent=f"aslot-{i}",
-                        retry=FAST.model_copy(update={"attempts": 1}),
-                    )
+                await pending_via_503(client, f"aslot-{i}")
             stop = anyio.Event()
             original = client._http.send
 

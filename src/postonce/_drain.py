@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from types import FrameType, TracebackType
+from types import FrameType
 
 import anyio
 from pydantic import BaseModel, ConfigDict
@@ -127,17 +127,9 @@ class SendSlots:
 
     def __enter__(self) -> None:
         self._free.acquire()
-        if self._stop.is_set():
-            self._free.release()
-            raise DrainStopped("the drain is stopping; this intent was not sent")
-        self._tally.add("sent")
+        _admit(self._stop.is_set(), self._free.release, self._tally)
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._free.release()
 
 
@@ -151,18 +143,18 @@ class AsyncSendSlots:
 
     async def __aenter__(self) -> None:
         await self._free.acquire()
-        if self._stop.is_set():
-            self._free.release()
-            raise DrainStopped("the drain is stopping; this intent was not sent")
-        self._tally.add("sent")
+        _admit(self._stop.is_set(), self._free.release, self._tally)
 
-    async def __aexit__(
-        self,
-        kind: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         self._free.release()
+
+
+def _admit(stopping: bool, give_back: Callable[[], None], tally: Tally) -> None:
+    """A slot just taken: given back, and the send refused, if the drain is stopping."""
+    if stopping:
+        give_back()
+        raise DrainStopped("the drain is stopping; this intent was not sent")
+    tally.add("sent")
 
 
 def flows_for(store: object, concurrency: int) -> int:
