@@ -290,35 +290,35 @@ def test_async_drain_stop_event_ends_a_forever_drain(
     assert report.succeeded == 1
 
 
-def test_async_drain_flow_waiting_for_a_send_slot_when_stopped_sends_nothing(
+def test_async_drain_flow_waiting_for_its_turn_when_stopped_sends_nothing(
     server: LoopbackServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Stopped while it waited for the one slot, a claimed intent is released unsent.
+    """Stopped while it waited for the one turn to send, a claimed intent is released unsent.
 
     On PostgreSQL, whose drain runs one flow more than it sends.
     """
-    from postonce._drain import AsyncSendSlots
+    from postonce._drain import AsyncTurns, Turn
 
     arrivals: list[object] = []
-    enter = AsyncSendSlots.__aenter__
+    take = AsyncTurns.take
 
-    async def counted(self: AsyncSendSlots) -> None:
+    async def counted(self: AsyncTurns) -> Turn:
         arrivals.append(self)
-        await enter(self)
+        return await take(self)
 
-    monkeypatch.setattr(AsyncSendSlots, "__aenter__", counted)
+    monkeypatch.setattr(AsyncTurns, "take", counted)
 
     async def main() -> tuple[postonce.DrainReport, list[postonce.IntentRecord | None], int]:
         async with postonce.AsyncClient(server.base_url, outbox=outbox, retry=FAST) as client:
             for i in range(2):
-                await pending_via_503(client, f"aslot-{i}")
+                await pending_via_503(client, f"aturn-{i}")
             stop = anyio.Event()
             original = client._http.send
 
             async def send_when_both_wait(
                 request: httpx.Request, **kwargs: object
             ) -> httpx.Response:
-                # This flow holds the slot; the other task has come to wait for it.
+                # This flow holds the turn; the other task has come to wait for it.
                 with anyio.fail_after(10):
                     while len(arrivals) < 2:
                         await anyio.sleep(0.005)
@@ -327,7 +327,7 @@ def test_async_drain_flow_waiting_for_a_send_slot_when_stopped_sends_nothing(
 
             client._http.send = send_when_both_wait  # type: ignore[method-assign]
             report = await client.drain(stop=stop)
-            records = [await client.lookup(f"aslot-{i}") for i in range(2)]
+            records = [await client.lookup(f"aturn-{i}") for i in range(2)]
             client._http.send = original  # type: ignore[method-assign]
             again = (await client.drain()).succeeded
             return report, records, again

@@ -14,7 +14,7 @@ import pytest
 
 import postonce
 from postonce import State
-from postonce._drain import SendSlots
+from postonce._drain import Turns
 from postonce._intent import IllegalMove
 from postonce._outbox.locate import open_store
 from tests.conftest import FAST, ClientFactory, LoopbackServer, loopback_intent
@@ -302,6 +302,11 @@ def test_drain_has_at_most_concurrency_sends_in_flight(
     """
     client = make_client(server.base_url, durability="normal")
     keys = [pending_via_503(client, f"slots-{concurrency}-{i}", delay=0.05) for i in range(8)]
+    # The server is the session's: wait out any request an earlier test left sleeping.
+    deadline = time.monotonic() + 10
+    while server.app.state.open_now:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
     server.app.state.most_open = 0
     report = client.drain(concurrency=concurrency)
     assert (report.claimed, report.succeeded, report.sent) == (8, 8, 8)
@@ -311,29 +316,29 @@ def test_drain_has_at_most_concurrency_sends_in_flight(
 
 
 @pytest.mark.parametrize("backend", ["postgres"])  # the store whose drain runs a flow more
-def test_a_flow_that_waits_for_a_send_slot_when_the_drain_stops_sends_nothing(
+def test_a_flow_that_waits_for_its_turn_when_the_drain_stops_sends_nothing(
     server: LoopbackServer, make_sync_client: ClientFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Stopped while it waited for the one slot, a claimed intent is released unsent.
+    """Stopped while it waited for the one turn to send, a claimed intent is released unsent.
 
     It is left as the drain found it: pending, unleased, no attempt recorded,
     and the next drain sends it.
     """
     client = make_sync_client(server.base_url)
-    keys = [pending_via_503(client, f"slot-stop-{i}") for i in range(2)]
+    keys = [pending_via_503(client, f"turn-stop-{i}") for i in range(2)]
     arrived = threading.Semaphore(0)
-    enter = SendSlots.__enter__
+    take = Turns.take
 
-    def counted(self: SendSlots) -> None:
+    def counted(self: Turns) -> postonce._drain.Turn:
         arrived.release()
-        enter(self)
+        return take(self)
 
-    monkeypatch.setattr(SendSlots, "__enter__", counted)
+    monkeypatch.setattr(Turns, "take", counted)
     stop = threading.Event()
     original = client._http.send
 
     def send_when_both_wait(request: httpx.Request, **kwargs: object) -> httpx.Response:
-        # This flow holds the slot; the other flow has come to wait for it.
+        # This flow holds the turn; the other flow has come to wait for it.
         assert arrived.acquire(timeout=10)  # its own arrival
         assert arrived.acquire(timeout=10)  # the other flow's
         stop.set()
@@ -345,12 +350,43 @@ def test_a_flow_that_waits_for_a_send_slot_when_the_drain_stops_sends_nothing(
     sends = {key: len(server.requests_for(key)) for key in keys}  # the 503 counts one
     assert sorted(sends.values()) == [1, 2]
     (unsent,) = [i for i, key in enumerate(keys) if sends[key] == 1]
-    record = client.lookup(f"slot-stop-{unsent}")
+    record = client.lookup(f"turn-stop-{unsent}")
     assert record is not None
     assert (record.state, record.attempts, record.lease_owner) == (State.PENDING, 1, None)
     client._http.send = original  # type: ignore[method-assign]
     assert client.drain().succeeded == 1
     assert len(server.effects_for(keys[unsent])) == 1
+
+
+@pytest.mark.parametrize("backend", ["postgres"])
+def test_a_flow_that_waited_for_its_turn_checks_its_deadline_after_the_wait(
+    server: LoopbackServer, make_client: ClientFactory
+) -> None:
+    """The extra flow's wait comes before its checks: past its deadline, it never sends.
+
+    Two intents due at once, each sent in 1.5 s, each with a deadline 1 s away;
+    concurrency 1. The first is sent in time; the second gets its turn after
+    its deadline and is stopped unsent, not sent late.
+    """
+    client = make_client(server.base_url, durability="normal")
+    keys = []
+    for i in range(2):
+        with pytest.raises(postonce.IntentPending) as exc:
+            client.post_once(
+                "/ietf/v1/charges",
+                json={
+                    "amount": 1,
+                    "_test": {"before": [{"status": 503, "retry_after": "0"}], "delay": 1.5},
+                },
+                intent=f"turn-deadline-{i}",
+                retry=ONE,
+                deadline=timedelta(seconds=1.0),
+            )
+        keys.append(exc.value.key)
+    report = client.drain()
+    # Stopped by its deadline, unsent (expired: the 503 it met left delivery ambiguous).
+    assert (report.claimed, report.sent, report.succeeded, report.expired) == (2, 1, 1, 1)
+    assert sorted(len(server.requests_for(key)) for key in keys) == [1, 2]
 
 
 def test_drain_flows_see_the_callers_context_variables(

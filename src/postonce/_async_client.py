@@ -12,7 +12,6 @@ import inspect
 import logging
 import time
 from collections.abc import Callable, Collection, Generator, Sequence
-from contextlib import AbstractAsyncContextManager, nullcontext
 from typing import Any, Literal
 
 import anyio
@@ -23,10 +22,10 @@ from ._base import BaseClient, OnceOptions, named, with_options
 from ._budget import RetryBudget
 from ._drain import (
     JUST_BEFORE,
-    AsyncSendSlots,
+    AsyncTurns,
     DrainReport,
-    DrainStopped,
     Tally,
+    Turn,
     claim_failed,
     count_outcome,
     flows_for,
@@ -59,9 +58,6 @@ from .providers import Provider
 __all__ = ["AsyncClient"]
 
 logger = logging.getLogger("postonce")
-
-#: The send slot of a flow that is not a drain's: sends are not counted or bounded.
-NO_SLOT: AbstractAsyncContextManager[None] = nullcontext()
 
 
 class AsyncClient(BaseClient):
@@ -235,21 +231,21 @@ class AsyncClient(BaseClient):
         thread: StoreThread,
         reference: str,
         key: str,
-        slot: AbstractAsyncContextManager[None] = NO_SLOT,
+        on_send: Callable[[], None] | None = None,
+        sent: Callable[[], None] | None = None,
     ) -> Any:
         """Perform a flow's effects with awaits until it returns or raises.
 
         On cancellation the flow is told it is abandoned and its clean-up
         (store calls only) is performed, shielded, before the cancellation
         goes on. A store call already queued still completes and its result
-        reaches the flow first: the flow must know what it committed. A
-        drain's flow sends inside its ``slot`` (:class:`AsyncSendSlots`); a
-        slot that refuses because the drain is stopping abandons the flow the
-        same way, before anything is sent, and its DrainStopped goes on.
+        reaches the flow first: the flow must know what it committed.
+        ``on_send`` is called before each send, ``sent`` after it, whatever its
+        end (a drain's flow gives its turn back there).
         """
         pending, token = collect_awaitables()
         try:
-            return await self._perform(flow, thread, pending, reference, key, slot)
+            return await self._perform(flow, thread, pending, reference, key, on_send, sent)
         finally:
             drop_hooks(pending)
             stop_collecting(token)
@@ -261,7 +257,8 @@ class AsyncClient(BaseClient):
         pending: Pending,
         reference: str,
         key: str,
-        slot: AbstractAsyncContextManager[None],
+        on_send: Callable[[], None] | None,
+        sent: Callable[[], None] | None,
     ) -> Any:
         value: Any = None
         error: BaseException | None = None
@@ -297,8 +294,10 @@ class AsyncClient(BaseClient):
                 continue
             try:
                 if isinstance(effect, Send):
-                    with self._heartbeat.holding(thread.store, effect.lease):
-                        async with slot:
+                    if on_send is not None:
+                        on_send()
+                    try:
+                        with self._heartbeat.holding(thread.store, effect.lease):
                             if self._around_send:
                                 sends += 1
                                 detail = SendDetail(reference, key, sends, outbox_seconds)
@@ -307,6 +306,9 @@ class AsyncClient(BaseClient):
                                     value = await self._http.send(effect.request)
                             else:
                                 value = await self._http.send(effect.request)
+                    finally:
+                        if sent is not None:
+                            sent()
                 elif isinstance(effect, Sleep):
                     await anyio.sleep(effect.seconds)
                 elif isinstance(effect, Callback):
@@ -332,8 +334,6 @@ class AsyncClient(BaseClient):
                         error = store_error
                 else:
                     error = Abandoned()
-            except DrainStopped as exc:  # refused a send slot: the flow releases its claim
-                cancelled, error = exc, Abandoned()
             except Exception as exc:
                 error = exc
 
@@ -390,28 +390,36 @@ class AsyncClient(BaseClient):
         stop = stop if stop is not None else anyio.Event()
         started, began = self._clock(), time.monotonic()
         limiter = anyio.CapacityLimiter(flows_for(thread.store, concurrency))
-        slots = AsyncSendSlots(concurrency, stop, tally)
+        turns = AsyncTurns(concurrency)
         # Paced as the sync drain's (see BATCH_SECONDS): one durable claim serves many sends.
         least = batch = least_batch(concurrency)
 
         async def one(opened: Opened) -> None:
             async with limiter:
-                record = opened.record
-                if stop.is_set():
-                    await self._drive(self._release_flow(opened), thread, record.reference, "")
-                    tally.add("pending")
-                    return
+                turn = await turns.take()  # before the flow checks its deadline and lease
                 try:
-                    outcome: object = await self._drive(
-                        self._drain_flow(opened, tally),
-                        thread,
-                        record.reference,
-                        record.key,
-                        slots,
-                    )
-                except Exception as exc:
-                    outcome = exc
-                count_outcome(tally, outcome)
+                    await process(opened, turn)
+                finally:
+                    turn.end()
+
+        async def process(opened: Opened, turn: Turn) -> None:
+            record = opened.record
+            if stop.is_set():
+                await self._drive(self._release_flow(opened), thread, record.reference, "")
+                tally.add("pending")
+                return
+            try:
+                outcome: object = await self._drive(
+                    self._drain_flow(opened, tally),
+                    thread,
+                    record.reference,
+                    record.key,
+                    lambda: tally.add("sent"),
+                    turn.end,
+                )
+            except Exception as exc:
+                outcome = exc
+            count_outcome(tally, outcome)
 
         while not stop.is_set():
             passed = time.monotonic()

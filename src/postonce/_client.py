@@ -6,7 +6,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Generator, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Literal
 
 import httpx
@@ -22,9 +21,8 @@ from ._base import (
 from ._budget import RetryBudget
 from ._drain import (
     DrainReport,
-    DrainStopped,
-    SendSlots,
     Tally,
+    Turn,
     count_outcome,
     flows_for,
     note_census,
@@ -46,9 +44,6 @@ from .providers import Provider
 __all__ = ["Client"]
 
 logger = logging.getLogger("postonce")
-
-#: The send slot of a flow that is not a drain's: sends are not counted or bounded.
-NO_SLOT: AbstractContextManager[None] = nullcontext()
 
 
 class Client(BaseClient):
@@ -220,15 +215,15 @@ class Client(BaseClient):
         store: Store,
         reference: str,
         key: str,
-        slot: AbstractContextManager[None] = NO_SLOT,
+        on_send: Callable[[], None] | None = None,
+        sent: Callable[[], None] | None = None,
     ) -> Any:
         """Perform a flow's effects with blocking calls until it returns or raises.
 
         On Ctrl-C the flow is told it is abandoned and its clean-up (store
-        calls only) is performed before the interrupt goes on. A drain's flow
-        sends inside its ``slot`` (:class:`SendSlots`); a slot that refuses
-        because the drain is stopping abandons the flow the same way, before
-        anything is sent, and its DrainStopped goes on.
+        calls only) is performed before the interrupt goes on. ``on_send`` is
+        called before each send, ``sent`` after it, whatever its end (a
+        drain's flow gives its turn back there).
         """
         value: Any = None
         error: BaseException | None = None
@@ -252,15 +247,21 @@ class Client(BaseClient):
                 continue
             try:
                 if isinstance(effect, Send):
-                    with self._heartbeat.holding(store, effect.lease), slot:
-                        if self._around_send:
-                            sends += 1
-                            detail = SendDetail(reference, key, sends, outbox_seconds)
-                            outbox_seconds = 0.0
-                            with sending(self.hooks, detail):
+                    if on_send is not None:
+                        on_send()
+                    try:
+                        with self._heartbeat.holding(store, effect.lease):
+                            if self._around_send:
+                                sends += 1
+                                detail = SendDetail(reference, key, sends, outbox_seconds)
+                                outbox_seconds = 0.0
+                                with sending(self.hooks, detail):
+                                    value = self._http.send(effect.request)
+                            else:
                                 value = self._http.send(effect.request)
-                        else:
-                            value = self._http.send(effect.request)
+                    finally:
+                        if sent is not None:
+                            sent()
                 elif isinstance(effect, Sleep):
                     time.sleep(effect.seconds)
                 elif isinstance(effect, Callback):
@@ -269,8 +270,6 @@ class Client(BaseClient):
                     began = time.perf_counter()
                     value = effect.on(store)
                     outbox_seconds += time.perf_counter() - began
-            except DrainStopped as exc:
-                interrupted, error = exc, Abandoned()
             except Exception as exc:
                 error = exc
             except KeyboardInterrupt as exc:
@@ -338,9 +337,7 @@ class Client(BaseClient):
             claimed: list[Opened] = call.on(store)
             return claimed
 
-        slots = SendSlots(concurrency, stop, tally)
-
-        def process(opened: Opened) -> None:
+        def process(opened: Opened, turn: Turn) -> None:
             record = opened.record
             try:
                 outcome: object = self._drive(
@@ -348,7 +345,8 @@ class Client(BaseClient):
                     store,
                     record.reference,
                     record.key,
-                    slots,
+                    lambda: tally.add("sent"),
+                    turn.end,
                 )
             except Exception as exc:
                 outcome = exc

@@ -36,11 +36,11 @@ from ._outbox.base import Census, Opened
 
 __all__ = [
     "JUST_BEFORE",
-    "AsyncSendSlots",
+    "AsyncTurns",
     "DrainReport",
-    "DrainStopped",
-    "SendSlots",
     "Tally",
+    "Turn",
+    "Turns",
     "claim_failed",
     "flows_for",
     "least_batch",
@@ -106,55 +106,47 @@ class Tally:
             return DrainReport(duration=duration, **self.counts)
 
 
-class DrainStopped(Exception):
-    """The drain stopped while this intent waited for a send slot: it is released, unsent."""
+class Turn:
+    """One flow's turn to send: given back once, when its send is over or the flow ends."""
+
+    __slots__ = ("_give_back",)
+
+    def __init__(self, give_back: Callable[[], None]) -> None:
+        self._give_back: Callable[[], None] | None = give_back
+
+    def end(self) -> None:
+        give_back, self._give_back = self._give_back, None
+        if give_back is not None:
+            give_back()
 
 
-class SendSlots:
-    """At most ``limit`` sends at once; entering one counts a send.
+class Turns:
+    """At most ``limit`` flows between their start and the end of their send.
 
-    A drain runs one flow more than it sends, so one intent's record commits
-    while the next one's request is on the wire. The slot is where a waiting
-    flow learns that the drain was asked to stop: it raises
-    :class:`DrainStopped` instead of sending, and the flow releases its claim
-    (attempts in flight finish; claims not yet sent are released).
+    A drain on a remote store runs one flow more than it sends (see
+    :func:`flows_for`): a flow that has sent gives its turn back and records
+    its answer while the next flow takes the turn and sends. A flow takes its
+    turn *before* it starts, so its deadline, horizon and lease are checked
+    after any wait for the turn, right before its send.
     """
 
-    def __init__(self, limit: int, stop: threading.Event, tally: Tally) -> None:
+    def __init__(self, limit: int) -> None:
         self._free = threading.Semaphore(limit)
-        self._stop = stop
-        self._tally = tally
 
-    def __enter__(self) -> None:
+    def take(self) -> Turn:
         self._free.acquire()
-        _admit(self._stop.is_set(), self._free.release, self._tally)
-
-    def __exit__(self, *exc: object) -> None:
-        self._free.release()
+        return Turn(self._free.release)
 
 
-class AsyncSendSlots:
-    """:class:`SendSlots` for tasks: at most ``limit`` sends at once."""
+class AsyncTurns:
+    """:class:`Turns` for tasks."""
 
-    def __init__(self, limit: int, stop: anyio.Event, tally: Tally) -> None:
+    def __init__(self, limit: int) -> None:
         self._free = anyio.Semaphore(limit)
-        self._stop = stop
-        self._tally = tally
 
-    async def __aenter__(self) -> None:
+    async def take(self) -> Turn:
         await self._free.acquire()
-        _admit(self._stop.is_set(), self._free.release, self._tally)
-
-    async def __aexit__(self, *exc: object) -> None:
-        self._free.release()
-
-
-def _admit(stopping: bool, give_back: Callable[[], None], tally: Tally) -> None:
-    """A slot just taken: given back, and the send refused, if the drain is stopping."""
-    if stopping:
-        give_back()
-        raise DrainStopped("the drain is stopping; this intent was not sent")
-    tally.add("sent")
+        return Turn(self._free.release)
 
 
 def flows_for(store: object, concurrency: int) -> int:
@@ -162,7 +154,7 @@ def flows_for(store: object, concurrency: int) -> int:
 
     A remote store's record (PostgreSQL) waits on a round trip; the extra flow
     commits one intent's record while the next one's request is on the wire,
-    and :class:`SendSlots` keep the sends at ``concurrency``. A local store's
+    and :class:`Turns` keep the sends at ``concurrency``. A local store's
     record (SQLite) has no wait to overlap: an extra thread would only contend.
     """
     return concurrency + 1 if getattr(store, "remote", False) else concurrency
@@ -198,7 +190,7 @@ def note_census(report: DrainReport, census: Census | Exception, sender: str) ->
 
 def count_outcome(tally: Tally, outcome: object) -> None:
     """Count how one claimed intent's flow ended: its response, or what it raised."""
-    if isinstance(outcome, (IntentPending, DrainStopped)):
+    if isinstance(outcome, IntentPending):
         tally.add("pending")
     elif isinstance(outcome, IntentExpired):
         tally.add("expired")
@@ -272,7 +264,7 @@ def next_batch(batch: int, done: int, seconds: float, least: int) -> int:
 def run_drain(
     *,
     claim: Callable[[float, int], list[Opened]],
-    process: Callable[[Opened], None],
+    process: Callable[[Opened, Turn], None],
     release: Callable[[Opened], None],
     clock: Callable[[], float],
     tally: Tally,
@@ -286,11 +278,12 @@ def run_drain(
 ) -> DrainReport:
     """Claim and process batches of due intents until none is due (or until stopped).
 
-    ``claim(due_by, limit)`` leases due intents; ``process`` sends one claimed
-    intent and counts its outcome, ``flows`` of them at once (see
-    :func:`flows_for`; ``process`` keeps the sends to ``concurrency``);
-    ``release`` hands back a claim that will not be sent (because the drain is
-    stopping). Without ``forever``, only intents due when the drain started
+    ``claim(due_by, limit)`` leases due intents; ``process(opened, turn)``
+    sends one claimed intent, ends ``turn`` once its send is over, and counts
+    its outcome; ``flows`` of them run at once (see :func:`flows_for`), at
+    most ``concurrency`` of those between their start and their send's end.
+    ``release`` hands back a claim that will not be sent (because the drain
+    is stopping). Without ``forever``, only intents due when the drain started
     are taken, so each is sent at most once. ``aftercare`` (reconciliation,
     settlements) runs whenever nothing is due.
     """
@@ -301,12 +294,18 @@ def run_drain(
     # before it sends.
     least = batch = least_batch(concurrency)
 
+    turns = Turns(concurrency)
+
     def one(opened: Opened) -> None:
-        if stop.is_set():
-            release(opened)
-            tally.add("pending")
-            return
-        process(opened)
+        turn = turns.take()
+        try:
+            if stop.is_set():
+                release(opened)
+                tally.add("pending")
+                return
+            process(opened, turn)
+        finally:
+            turn.end()
 
     caller = contextvars.copy_context()
 
