@@ -231,8 +231,7 @@ class AsyncClient(BaseClient):
         thread: StoreThread,
         reference: str,
         key: str,
-        on_send: Callable[[], None] | None = None,
-        sent: Callable[[], None] | None = None,
+        turn: Turn | None = None,
     ) -> Any:
         """Perform a flow's effects with awaits until it returns or raises.
 
@@ -240,12 +239,12 @@ class AsyncClient(BaseClient):
         (store calls only) is performed, shielded, before the cancellation
         goes on. A store call already queued still completes and its result
         reaches the flow first: the flow must know what it committed.
-        ``on_send`` is called before each send, ``sent`` after it, whatever its
-        end (a drain's flow gives its turn back there).
+        A drain's flow sends in its ``turn``: the send is counted, and the turn
+        given back once the send is over, whatever its end.
         """
         pending, token = collect_awaitables()
         try:
-            return await self._perform(flow, thread, pending, reference, key, on_send, sent)
+            return await self._perform(flow, thread, pending, reference, key, turn)
         finally:
             drop_hooks(pending)
             stop_collecting(token)
@@ -257,8 +256,7 @@ class AsyncClient(BaseClient):
         pending: Pending,
         reference: str,
         key: str,
-        on_send: Callable[[], None] | None,
-        sent: Callable[[], None] | None,
+        turn: Turn | None,
     ) -> Any:
         value: Any = None
         error: BaseException | None = None
@@ -294,8 +292,8 @@ class AsyncClient(BaseClient):
                 continue
             try:
                 if isinstance(effect, Send):
-                    if on_send is not None:
-                        on_send()
+                    if turn is not None:
+                        turn.sending()
                     try:
                         with self._heartbeat.holding(thread.store, effect.lease):
                             if self._around_send:
@@ -307,8 +305,8 @@ class AsyncClient(BaseClient):
                             else:
                                 value = await self._http.send(effect.request)
                     finally:
-                        if sent is not None:
-                            sent()
+                        if turn is not None:
+                            turn.end()
                 elif isinstance(effect, Sleep):
                     await anyio.sleep(effect.seconds)
                 elif isinstance(effect, Callback):
@@ -390,7 +388,7 @@ class AsyncClient(BaseClient):
         stop = stop if stop is not None else anyio.Event()
         started, began = self._clock(), time.monotonic()
         limiter = anyio.CapacityLimiter(flows_for(thread.store, concurrency))
-        turns = AsyncTurns(concurrency)
+        turns = AsyncTurns(concurrency, tally)
         # Paced as the sync drain's (see BATCH_SECONDS): one durable claim serves many sends.
         least = batch = least_batch(concurrency)
 
@@ -410,12 +408,7 @@ class AsyncClient(BaseClient):
                 return
             try:
                 outcome: object = await self._drive(
-                    self._drain_flow(opened, tally),
-                    thread,
-                    record.reference,
-                    record.key,
-                    lambda: tally.add("sent"),
-                    turn.end,
+                    self._drain_flow(opened, tally), thread, record.reference, record.key, turn
                 )
             except Exception as exc:
                 outcome = exc

@@ -215,15 +215,14 @@ class Client(BaseClient):
         store: Store,
         reference: str,
         key: str,
-        on_send: Callable[[], None] | None = None,
-        sent: Callable[[], None] | None = None,
+        turn: Turn | None = None,
     ) -> Any:
         """Perform a flow's effects with blocking calls until it returns or raises.
 
         On Ctrl-C the flow is told it is abandoned and its clean-up (store
-        calls only) is performed before the interrupt goes on. ``on_send`` is
-        called before each send, ``sent`` after it, whatever its end (a
-        drain's flow gives its turn back there).
+        calls only) is performed before the interrupt goes on. A drain's flow
+        sends in its ``turn``: the send is counted, and the turn given back
+        once the send is over, whatever its end.
         """
         value: Any = None
         error: BaseException | None = None
@@ -247,8 +246,8 @@ class Client(BaseClient):
                 continue
             try:
                 if isinstance(effect, Send):
-                    if on_send is not None:
-                        on_send()
+                    if turn is not None:
+                        turn.sending()
                     try:
                         with self._heartbeat.holding(store, effect.lease):
                             if self._around_send:
@@ -260,8 +259,8 @@ class Client(BaseClient):
                             else:
                                 value = self._http.send(effect.request)
                     finally:
-                        if sent is not None:
-                            sent()
+                        if turn is not None:
+                            turn.end()
                 elif isinstance(effect, Sleep):
                     time.sleep(effect.seconds)
                 elif isinstance(effect, Callback):
@@ -341,12 +340,7 @@ class Client(BaseClient):
             record = opened.record
             try:
                 outcome: object = self._drive(
-                    self._drain_flow(opened, tally),
-                    store,
-                    record.reference,
-                    record.key,
-                    lambda: tally.add("sent"),
-                    turn.end,
+                    self._drain_flow(opened, tally), store, record.reference, record.key, turn
                 )
             except Exception as exc:
                 outcome = exc

@@ -107,12 +107,19 @@ class Tally:
 
 
 class Turn:
-    """One flow's turn to send: given back once, when its send is over or the flow ends."""
+    """One flow's turn to send: its send is counted, and the turn given back once it is over.
 
-    __slots__ = ("_give_back",)
+    Given back once: when the send is over, or when the flow ends without one.
+    """
 
-    def __init__(self, give_back: Callable[[], None]) -> None:
+    __slots__ = ("_give_back", "_tally")
+
+    def __init__(self, give_back: Callable[[], None], tally: Tally) -> None:
         self._give_back: Callable[[], None] | None = give_back
+        self._tally = tally
+
+    def sending(self) -> None:
+        self._tally.add("sent")
 
     def end(self) -> None:
         give_back, self._give_back = self._give_back, None
@@ -130,23 +137,25 @@ class Turns:
     after any wait for the turn, right before its send.
     """
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, tally: Tally) -> None:
         self._free = threading.Semaphore(limit)
+        self._tally = tally
 
     def take(self) -> Turn:
         self._free.acquire()
-        return Turn(self._free.release)
+        return Turn(self._free.release, self._tally)
 
 
 class AsyncTurns:
     """:class:`Turns` for tasks."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, tally: Tally) -> None:
         self._free = anyio.Semaphore(limit)
+        self._tally = tally
 
     async def take(self) -> Turn:
         await self._free.acquire()
-        return Turn(self._free.release)
+        return Turn(self._free.release, self._tally)
 
 
 def flows_for(store: object, concurrency: int) -> int:
@@ -279,9 +288,9 @@ def run_drain(
     """Claim and process batches of due intents until none is due (or until stopped).
 
     ``claim(due_by, limit)`` leases due intents; ``process(opened, turn)``
-    sends one claimed intent, ends ``turn`` once its send is over, and counts
-    its outcome; ``flows`` of them run at once (see :func:`flows_for`), at
-    most ``concurrency`` of those between their start and their send's end.
+    sends one claimed intent in its ``turn`` and counts its outcome; ``flows``
+    of them run at once (see :func:`flows_for`), at most ``concurrency`` of
+    those between their start and their send's end.
     ``release`` hands back a claim that will not be sent (because the drain
     is stopping). Without ``forever``, only intents due when the drain started
     are taken, so each is sent at most once. ``aftercare`` (reconciliation,
@@ -294,7 +303,7 @@ def run_drain(
     # before it sends.
     least = batch = least_batch(concurrency)
 
-    turns = Turns(concurrency)
+    turns = Turns(concurrency, tally)
 
     def one(opened: Opened) -> None:
         turn = turns.take()
