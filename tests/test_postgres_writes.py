@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import psycopg
 import pytest
 from psycopg import sql
@@ -28,6 +29,7 @@ from postonce._outbox import postgres
 from postonce._outbox.base import AttemptRecord, Lease
 from postonce._outbox.locate import split_schema
 from postonce._outbox.postgres import PostgresStore, _GroupCommit, _Queued
+from postonce._outbox.threaded import StoreThread
 from tests.conftest import PG_URL, pg_schema, record_final
 from tests.test_outbox import new_intent
 
@@ -349,6 +351,102 @@ def test_a_quiet_connection_is_checked_without_a_round_trip(store: PostgresStore
     """With check_connections (the default), a record is still one round trip."""
     with one_connection_and_a_lease(store, check_connections=True) as (checked, lease):
         assert round_trips(checked, lambda: record(checked, lease)) == 1
+
+
+def final_record_kwargs(lease: Lease) -> dict[str, Any]:
+    """A final 201's record, as an async client's flow queues it on its store thread."""
+    return {
+        "lease": lease,
+        "attempt": AttemptRecord(1010.0, 0.1, Outcome.FINAL, 201, None, False),
+        "state": State.SUCCEEDED,
+        "anchor": 1010.0,
+        "due_at": None,
+        "lease_until": None,
+        "response": None,
+        "note": None,
+        "durable": True,
+    }
+
+
+def test_an_async_clients_record_is_one_round_trip_too(store: PostgresStore) -> None:
+    """An async client's store thread runs a PostgreSQL call on its own path.
+
+    Batched into one transaction, as SQLite's calls are, the same record cost
+    a savepoint and several statements, one round trip each.
+    """
+    with one_connection_and_a_lease(store, check_connections=False) as (quiet, lease):
+        thread = StoreThread(quiet)
+
+        async def recorded() -> bool:
+            with anyio.fail_after(10):
+                done: bool = await thread.call("record", final_record_kwargs(lease))
+                return done
+
+        try:
+            assert round_trips(quiet, lambda: anyio.run(recorded)) == 1
+        finally:
+            thread.close()
+        assert quiet.get("r-0").state is State.SUCCEEDED  # type: ignore[union-attr]
+
+
+def test_async_records_on_postgresql_run_side_by_side_and_all_commit(
+    store: PostgresStore,
+) -> None:
+    """Eight records queued at once by eight tasks: each commits, on the store's workers."""
+    due_intents(store, 8)
+    claimed = store.claim_due(owner="drain/1", now=1010.0, limit=8, lease_for=30.0)
+    thread = StoreThread(store)
+    names: set[str] = set()
+    real = store.record
+
+    def record_noting_the_thread(*args: Any, **kwargs: Any) -> bool:
+        names.add(threading.current_thread().name)
+        time.sleep(0.05)  # long enough for the others to start on other workers
+        return real(*args, **kwargs)
+
+    store.record = record_noting_the_thread  # type: ignore[method-assign]
+
+    async def main() -> list[bool]:
+        results: list[bool] = []
+
+        async def one(lease: Lease | None) -> None:
+            assert lease is not None
+            results.append(await thread.call("record", final_record_kwargs(lease)))
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as group:
+                for opened in claimed:
+                    group.start_soon(one, opened.lease)
+        return results
+
+    try:
+        assert anyio.run(main) == [True] * 8
+    finally:
+        thread.close()
+    assert len(names) > 1
+    assert all(n.startswith("postonce-outbox-writer") for n in names)
+    assert [store.get(f"r-{i}").state for i in range(8)] == [State.SUCCEEDED] * 8  # type: ignore[union-attr]
+
+
+def test_an_async_call_failing_on_postgresql_raises_outbox_error(store: PostgresStore) -> None:
+    """A call that fails on a worker wakes its caller with the store's typed error."""
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("DROP TABLE {schema}.attempts, {schema}.intents").format(
+                schema=sql.Identifier(store.schema)
+            )
+        )
+    thread = StoreThread(store)
+
+    async def main() -> None:
+        with anyio.fail_after(10):
+            await thread.call("get", {"reference": "r-0"})
+
+    try:
+        with pytest.raises(OutboxError, match="failed"):
+            anyio.run(main)
+    finally:
+        thread.close()
 
 
 def test_a_writer_interrupted_while_queued_does_not_stop_the_group(

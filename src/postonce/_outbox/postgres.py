@@ -250,6 +250,11 @@ class PostgresStore(SQLStore):
             raise
 
     @property
+    def parallel_calls(self) -> int:
+        """Calls that can run at once, one per pooled connection: an async client's workers."""
+        return int(self._pool.max_size)
+
+    @property
     def _where(self) -> str:
         # The URL may carry a password: name the host and database only.
         info = psycopg.conninfo.conninfo_to_dict(self.url)

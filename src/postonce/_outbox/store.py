@@ -55,7 +55,9 @@ class StoreBase(ABC):
 
     #: A record waits on a round trip to a database server. A drain then runs one
     #: flow more than it sends, so one intent's record overlaps the next one's
-    #: send; a local store's record has no wait to overlap.
+    #: send; a local store's record has no wait to overlap. An async client runs
+    #: a remote store's calls side by side, each on its own path (``StoreThread``),
+    #: not batched into one transaction.
     remote: ClassVar[bool] = False
 
     @abstractmethod

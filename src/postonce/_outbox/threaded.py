@@ -8,6 +8,14 @@ ticket, which is settled only after the commit.
 
 The thread is named ``postonce-outbox-writer``; it is the thread that commits
 your intents. Works under asyncio and trio (through anyio).
+
+A store whose calls are each their own transaction on a pooled connection
+(PostgreSQL: ``StoreBase.remote``) is not funnelled into one transaction: a
+batch there would run every call in a savepoint, several round trips each,
+one after the other. Its calls run side by side instead, on as many
+``postonce-outbox-writer`` threads as the store has connections
+(``parallel_calls``), each taking its own path (a record is one round trip),
+and the store's own group commit joins the writes that meet.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import functools
 import queue
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +78,11 @@ class StoreThread:
 
     def __init__(self, store: Store) -> None:
         self.store = store
+        #: Side by side on a remote store's connections; else one writer's batches.
+        self._side_by_side = (
+            int(getattr(store, "parallel_calls", 1)) if getattr(store, "remote", False) else 0
+        )
+        self._workers: ThreadPoolExecutor | None = None
         self._queue: queue.SimpleQueue[list[Ticket] | None] = queue.SimpleQueue()
         self._pending: dict[Callable[[Callable[[], object]], object], list[Ticket]] = {}
         self._thread: threading.Thread | None = None
@@ -83,6 +97,11 @@ class StoreThread:
         together, so they can share one transaction: the answers of many
         intents commit in one group, and each caller resumes after it.
         """
+        notify = _notifier()
+        ticket = Ticket(method, kwargs, notify)
+        if self._side_by_side:
+            self._alone(ticket)
+            return ticket
         if self._thread is None:
             with self._start_lock:
                 if self._thread is None:
@@ -90,8 +109,6 @@ class StoreThread:
                         target=self._run, name="postonce-outbox-writer", daemon=True
                     )
                     self._thread.start()
-        notify = _notifier()
-        ticket = Ticket(method, kwargs, notify)
         with self._start_lock:
             pending = self._pending.setdefault(notify, [])
             pending.append(ticket)
@@ -106,6 +123,26 @@ class StoreThread:
             tickets = self._pending.pop(notify, [])
         if tickets:
             self._queue.put(tickets)
+
+    def _alone(self, ticket: Ticket) -> None:
+        """Run one call on a worker of its own (a remote store); wake its caller once done."""
+        with self._start_lock:
+            if self._workers is None:
+                self._workers = ThreadPoolExecutor(
+                    self._side_by_side, thread_name_prefix="postonce-outbox-writer"
+                )
+            self.batches += 1
+            self.calls += 1
+            self._workers.submit(self._run_one, ticket)
+
+    def _run_one(self, ticket: Ticket) -> None:
+        # The call's own path, as a blocking caller takes it: never a batch of one.
+        try:
+            ticket.result = getattr(self.store, ticket.method)(**ticket.kwargs)
+            ticket.ok = True
+        except Exception as exc:
+            ticket.result = exc
+        ticket.notify(functools.partial(_wake, [ticket]))
 
     async def call(self, method: str, kwargs: dict[str, Any]) -> Any:
         return await self.submit(method, kwargs).wait()
@@ -140,7 +177,10 @@ class StoreThread:
                 return
 
     def close(self) -> None:
-        """Finish the queued calls, then stop the thread."""
+        """Finish the queued calls, then stop the thread (or the workers)."""
+        if self._workers is not None:
+            self._workers.shutdown(wait=True)
+            self._workers = None
         if self._thread is not None:
             self._queue.put(None)
             self._thread.join()
