@@ -13,6 +13,10 @@ seeded RNG:
 * ``raw``: ``httpx.Client.post`` of the same number of requests with an
   ``Idempotency-Key`` each, from a pool of C threads sharing one client.
 
+With ``--shell async`` the arms are ``postonce.AsyncClient.drain`` and raw
+``httpx.AsyncClient.post`` from C tasks sharing one client (a pool of C
+connections), each run in its own ``asyncio.run``.
+
 Both talk to the loopback server of ``bench_sync.py`` (a raw asyncio HTTP/1.1
 server in its own process, pinned to the second CPU). Prints medians of the
 repeats in intents per second and the drain/raw ratio. Asserts nothing.
@@ -21,6 +25,7 @@ repeats in intents per second and the drain/raw ratio. Asserts nothing.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hashlib
 import json
 import random
@@ -42,6 +47,7 @@ from postonce._outbox.base import NewIntent
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_sync import available_cpus, filesystem_of, start_server
+from spread import Spread
 
 BODY = json.dumps({"amount": 1250, "currency": "eur", "customer": "cus_1"}).encode()
 
@@ -176,6 +182,47 @@ def time_raw(url: str, concurrency: int, count: int) -> float:
         return count / (time.perf_counter() - started)
 
 
+def time_drain_async(path: Path | str, url: str, concurrency: int, count: int) -> float:
+    async def run() -> float:
+        async with postonce.AsyncClient(
+            outbox=path, durability="full", base_url=origin_of(url)
+        ) as client:
+            await client.lookup("opened before the clock starts")  # opens the outbox
+            started = time.perf_counter()
+            report = await client.drain(concurrency=concurrency)
+            elapsed = time.perf_counter() - started
+        if report.succeeded != count:
+            raise RuntimeError(f"drain finished {report.succeeded} of {count}: {report}")
+        return count / elapsed
+
+    return asyncio.run(run())
+
+
+def time_raw_async(url: str, concurrency: int, count: int) -> float:
+    async def run() -> float:
+        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        async with httpx.AsyncClient(limits=limits) as http:
+            left = iter(range(count))
+
+            async def worker() -> None:
+                for _ in left:
+                    response = await http.post(
+                        url,
+                        content=BODY,
+                        headers={
+                            "content-type": "application/json",
+                            "Idempotency-Key": str(uuid.uuid4()),
+                        },
+                    )
+                    response.raise_for_status()
+
+            started = time.perf_counter()
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+            return count / (time.perf_counter() - started)
+
+    return asyncio.run(run())
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--intents", type=int, default=3000)
@@ -189,6 +236,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="comma-separated drain process counts (e.g. 1,2,4): measure scaling instead",
     )
     parser.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite")
+    parser.add_argument(
+        "--shell",
+        choices=["sync", "async"],
+        default="sync",
+        help="Client.drain against httpx.Client, or AsyncClient.drain against httpx.AsyncClient",
+    )
     parser.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432/test")
     return parser.parse_args(argv)
 
@@ -251,13 +304,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                         )
                         fill(path, server.url, args.intents)
                         try:
-                            rate = time_drain(path, server.url, concurrency, args.intents)
+                            timer = time_drain if args.shell == "sync" else time_drain_async
+                            rate = timer(path, server.url, concurrency, args.intents)
                         finally:
                             if args.backend == "postgres":
                                 drop_postgres(str(path))
                         runs[name].append(rate)
                     else:
-                        runs[name].append(time_raw(server.url, concurrency, args.intents))
+                        raw_timer = time_raw if args.shell == "sync" else time_raw_async
+                        runs[name].append(raw_timer(server.url, concurrency, args.intents))
             results[concurrency] = runs
             drain, raw = statistics.median(runs["drain"]), statistics.median(runs["raw"])
             # Each repeat's drain over the raw of the same repeat: the spread.
@@ -267,12 +322,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"raw httpx {raw:8.0f} requests/s   ratio {drain / raw:.2f}   "
                 f"per repeat {' '.join(f'{p:.2f}' for p in paired)}"
             )
+            print(
+                f"               min/median/max: drain {Spread.of(runs['drain']).text()}   "
+                f"raw {Spread.of(runs['raw']).text()}"
+            )
         summary = "  ".join(
             f"c={c}: {statistics.median(r['drain']):.0f}/s "
             f"(x{statistics.median(r['drain']) / statistics.median(r['raw']):.2f} raw)"
             for c, r in results.items()
         )
-        print(f"SUMMARY drain {args.backend}: {summary}")
+        unstable = [
+            f"{arm} c={c}"
+            for c, r in results.items()
+            for arm in ("drain", "raw")
+            if Spread.of(r[arm]).unstable
+        ]
+        shaky = f"; UNSTABLE: {', '.join(unstable)}" if unstable else ""
+        print(f"SUMMARY drain {args.backend} {args.shell}: {summary}{shaky}")
     finally:
         server.stop()
         shutil.rmtree(workdir, ignore_errors=True)
