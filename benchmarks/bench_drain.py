@@ -13,6 +13,11 @@ seeded RNG:
 * ``raw``: ``httpx.Client.post`` of the same number of requests with an
   ``Idempotency-Key`` each, from a pool of C threads sharing one client.
 
+* ``floor`` (the sync shell only): ``drain_floor.drain_floor``, the least Python
+  doing a drain's durable work (claim under a lease, raw httpx send, fenced
+  record), on an outbox filled the same way, with C threads; ``drain / floor``
+  is the price of what postonce's drain does besides.
+
 With ``--shell async`` the arms are ``postonce.AsyncClient.drain`` and raw
 ``httpx.AsyncClient.post`` from C tasks sharing one client (a pool of C
 connections), each run in its own ``asyncio.run``.
@@ -47,6 +52,7 @@ from postonce._outbox.base import NewIntent
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_sync import available_cpus, filesystem_of, start_server
+from drain_floor import drain_floor
 from spread import Spread
 
 BODY = json.dumps({"amount": 1250, "currency": "eur", "customer": "cus_1"}).encode()
@@ -157,6 +163,17 @@ def time_drain(path: Path | str, url: str, concurrency: int, count: int) -> floa
         elapsed = time.perf_counter() - started
     if report.succeeded != count:
         raise RuntimeError(f"drain finished {report.succeeded} of {count}: {report}")
+    return count / elapsed
+
+
+def time_floor(path: Path | str, url: str, concurrency: int, count: int) -> float:
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    with httpx.Client(limits=limits) as http:
+        started = time.perf_counter()
+        done = drain_floor(str(path), http, concurrency)
+        elapsed = time.perf_counter() - started
+    if done != count:
+        raise RuntimeError(f"the floor finished {done} of {count}")
     return count / elapsed
 
 
@@ -291,28 +308,30 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         results: dict[int, dict[str, list[float]]] = {}
         for concurrency in levels:
-            runs: dict[str, list[float]] = {"drain": [], "raw": []}
+            arms = ["drain", "raw"] + (["floor"] if args.shell == "sync" else [])
+            runs: dict[str, list[float]] = {arm: [] for arm in arms}
             for repeat in range(args.repeats):
-                order = ["drain", "raw"]
+                order = list(arms)
                 rng.shuffle(order)
                 for name in order:
-                    if name == "drain":
-                        path: Path | str = (
-                            workdir / f"c{concurrency}-r{repeat}.sqlite3"
-                            if args.backend == "sqlite"
-                            else fresh_postgres(args.pg)
-                        )
-                        fill(path, server.url, args.intents)
-                        try:
-                            timer = time_drain if args.shell == "sync" else time_drain_async
-                            rate = timer(path, server.url, concurrency, args.intents)
-                        finally:
-                            if args.backend == "postgres":
-                                drop_postgres(str(path))
-                        runs[name].append(rate)
-                    else:
+                    if name == "raw":
                         raw_timer = time_raw if args.shell == "sync" else time_raw_async
                         runs[name].append(raw_timer(server.url, concurrency, args.intents))
+                        continue
+                    path: Path | str = (
+                        workdir / f"{name}-c{concurrency}-r{repeat}.sqlite3"
+                        if args.backend == "sqlite"
+                        else fresh_postgres(args.pg)
+                    )
+                    fill(path, server.url, args.intents)
+                    timer = {"drain": time_drain, "floor": time_floor}[name]
+                    if args.shell == "async":
+                        timer = time_drain_async
+                    try:
+                        runs[name].append(timer(path, server.url, concurrency, args.intents))
+                    finally:
+                        if args.backend == "postgres":
+                            drop_postgres(str(path))
             results[concurrency] = runs
             drain, raw = statistics.median(runs["drain"]), statistics.median(runs["raw"])
             # Each repeat's drain over the raw of the same repeat: the spread.
@@ -322,20 +341,32 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"raw httpx {raw:8.0f} requests/s   ratio {drain / raw:.2f}   "
                 f"per repeat {' '.join(f'{p:.2f}' for p in paired)}"
             )
+            if "floor" in runs:
+                floor = statistics.median(runs["floor"])
+                to_floor = sorted(d / f for d, f in zip(runs["drain"], runs["floor"], strict=True))
+                print(
+                    f"               floor {floor:8.0f} intents/s   floor/raw {floor / raw:.2f}   "
+                    f"drain/floor {drain / floor:.2f}   "
+                    f"per repeat {' '.join(f'{p:.2f}' for p in to_floor)}"
+                )
             print(
-                f"               min/median/max: drain {Spread.of(runs['drain']).text()}   "
-                f"raw {Spread.of(runs['raw']).text()}"
+                "               min/median/max: "
+                + "   ".join(f"{arm} {Spread.of(values).text()}" for arm, values in runs.items())
             )
+
+        def against(r: dict[str, list[float]]) -> str:
+            drain = statistics.median(r["drain"])
+            text = f"x{drain / statistics.median(r['raw']):.2f} raw"
+            if "floor" in r:
+                text += f", x{drain / statistics.median(r['floor']):.2f} floor"
+            return text
+
         summary = "  ".join(
-            f"c={c}: {statistics.median(r['drain']):.0f}/s "
-            f"(x{statistics.median(r['drain']) / statistics.median(r['raw']):.2f} raw)"
+            f"c={c}: {statistics.median(r['drain']):.0f}/s ({against(r)})"
             for c, r in results.items()
         )
         unstable = [
-            f"{arm} c={c}"
-            for c, r in results.items()
-            for arm in ("drain", "raw")
-            if Spread.of(r[arm]).unstable
+            f"{arm} c={c}" for c, r in results.items() for arm in r if Spread.of(r[arm]).unstable
         ]
         shaky = f"; UNSTABLE: {', '.join(unstable)}" if unstable else ""
         print(f"SUMMARY drain {args.backend} {args.shell}: {summary}{shaky}")
