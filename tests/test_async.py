@@ -20,6 +20,7 @@ from httpx_aiohttp import AiohttpTransport
 
 import postonce
 from postonce import SQLiteStore, State
+from postonce._outbox.threaded import StoreThread
 from tests.conftest import FAST, LoopbackServer, pg_schema
 
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
@@ -338,3 +339,57 @@ def test_async_drain_flow_waiting_for_its_turn_when_stopped_sends_nothing(
     states = sorted((r.state.value, r.attempts, r.lease_owner) for r in records if r is not None)
     assert states == [("pending", 1, None), ("succeeded", 2, None)]
     assert again == 1
+
+
+class _Halt(BaseException):
+    """Not an Exception: what a worker must still answer its caller with."""
+
+
+class _RemoteStub:
+    """The least of a remote store: its calls run side by side on two workers."""
+
+    remote = True
+    parallel_calls = 2
+
+    def halt(self) -> None:
+        raise _Halt
+
+    def echo(self, value: int) -> int:
+        return value
+
+
+def test_a_remote_stores_worker_answers_even_a_base_exception() -> None:
+    """A call that ends in a BaseException wakes its caller with OutboxError, not never."""
+    thread = StoreThread(_RemoteStub())  # type: ignore[arg-type]
+
+    async def main() -> None:
+        with anyio.fail_after(10):
+            await thread.call("halt", {})
+
+    try:
+        with pytest.raises(postonce.OutboxError, match="halt") as raised:
+            run(main)
+        assert isinstance(raised.value.__cause__, _Halt)
+        # The worker lived on: the next call is answered.
+        assert run(lambda: thread.call("echo", {"value": 7})) == 7
+        assert {w.name for w in thread._workers} == {"postonce-outbox-writer"}
+        assert all(w.daemon for w in thread._workers)
+    finally:
+        thread.close()
+
+
+def test_a_remote_stores_thread_refuses_calls_once_closed() -> None:
+    """After close() a call is refused at once, and no worker is started again."""
+    thread = StoreThread(_RemoteStub())  # type: ignore[arg-type]
+    assert run(lambda: thread.call("echo", {"value": 1})) == 1
+    workers = list(thread._workers)
+    thread.close()
+    assert not any(w.is_alive() for w in workers)
+
+    async def after_close() -> None:
+        with anyio.fail_after(10):
+            await thread.call("echo", {"value": 2})
+
+    with pytest.raises(postonce.OutboxError, match="closed"):
+        run(after_close)
+    assert thread._workers == []

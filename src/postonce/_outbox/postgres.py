@@ -251,8 +251,8 @@ class PostgresStore(SQLStore):
 
     @property
     def parallel_calls(self) -> int:
-        """Calls that can run at once, one per pooled connection: an async client's workers."""
-        return int(self._pool.max_size)
+        """An async client's workers: one per pooled connection but one, kept for heartbeats."""
+        return max(1, int(self._pool.max_size) - 1)
 
     @property
     def _where(self) -> str:

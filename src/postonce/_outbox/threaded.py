@@ -12,10 +12,11 @@ your intents. Works under asyncio and trio (through anyio).
 A store whose calls are each their own transaction on a pooled connection
 (PostgreSQL: ``StoreBase.remote``) is not funnelled into one transaction: a
 batch there would run every call in a savepoint, several round trips each,
-one after the other. Its calls run side by side instead, on as many
-``postonce-outbox-writer`` threads as the store has connections
-(``parallel_calls``), each taking its own path (a record is one round trip),
-and the store's own group commit joins the writes that meet.
+one after the other. Its calls run side by side instead, on
+``parallel_calls`` threads (also named ``postonce-outbox-writer``; PostgreSQL:
+one fewer than its pooled connections, so a lease heartbeat always finds one),
+each taking its own path (a record is one round trip), and the store's own
+group commit joins the writes that meet.
 """
 
 from __future__ import annotations
@@ -24,13 +25,13 @@ import functools
 import queue
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 import sniffio
 
+from .._exceptions import OutboxError
 from .base import Store, run_calls
 
 __all__ = ["StoreThread", "Ticket"]
@@ -82,7 +83,9 @@ class StoreThread:
         self._side_by_side = (
             int(getattr(store, "parallel_calls", 1)) if getattr(store, "remote", False) else 0
         )
-        self._workers: ThreadPoolExecutor | None = None
+        self._workers: list[threading.Thread] = []
+        self._calls: queue.SimpleQueue[Ticket | None] = queue.SimpleQueue()
+        self._closed = False
         self._queue: queue.SimpleQueue[list[Ticket] | None] = queue.SimpleQueue()
         self._pending: dict[Callable[[Callable[[], object]], object], list[Ticket]] = {}
         self._thread: threading.Thread | None = None
@@ -125,24 +128,40 @@ class StoreThread:
             self._queue.put(tickets)
 
     def _alone(self, ticket: Ticket) -> None:
-        """Run one call on a worker of its own (a remote store); wake its caller once done."""
+        """Run one call on a worker (a remote store); its caller is woken once it is done."""
         with self._start_lock:
-            if self._workers is None:
-                self._workers = ThreadPoolExecutor(
-                    self._side_by_side, thread_name_prefix="postonce-outbox-writer"
-                )
+            if self._closed:
+                ticket.result = OutboxError("the outbox's store thread is closed")
+                ticket.notify(functools.partial(_wake, [ticket]))
+                return
+            if not self._workers:
+                # Daemon threads, as the one writer: a process never waits on a stuck call.
+                self._workers = [
+                    threading.Thread(target=self._serve, name="postonce-outbox-writer", daemon=True)
+                    for _ in range(self._side_by_side)
+                ]
+                for worker in self._workers:
+                    worker.start()
             self.batches += 1
             self.calls += 1
-            self._workers.submit(self._run_one, ticket)
+            self._calls.put(ticket)
+
+    def _serve(self) -> None:
+        while (ticket := self._calls.get()) is not None:
+            self._run_one(ticket)
 
     def _run_one(self, ticket: Ticket) -> None:
         # The call's own path, as a blocking caller takes it: never a batch of one.
         try:
             ticket.result = getattr(self.store, ticket.method)(**ticket.kwargs)
             ticket.ok = True
-        except Exception as exc:
+        except Exception as exc:  # typed as for a blocking caller (OutboxError, IntentConflict)
             ticket.result = exc
-        ticket.notify(functools.partial(_wake, [ticket]))
+        except BaseException as exc:  # never leave the caller waiting
+            ticket.result = OutboxError(f"the outbox call {ticket.method} ended in {exc!r}")
+            ticket.result.__cause__ = exc
+        finally:
+            ticket.notify(functools.partial(_wake, [ticket]))
 
     async def call(self, method: str, kwargs: dict[str, Any]) -> Any:
         return await self.submit(method, kwargs).wait()
@@ -177,10 +196,17 @@ class StoreThread:
                 return
 
     def close(self) -> None:
-        """Finish the queued calls, then stop the thread (or the workers)."""
-        if self._workers is not None:
-            self._workers.shutdown(wait=True)
-            self._workers = None
+        """Finish the queued calls, then stop the thread (or the workers).
+
+        A call submitted after this (on a remote store) is refused with OutboxError.
+        """
+        with self._start_lock:
+            self._closed = True
+            workers, self._workers = self._workers, []
+            for _ in workers:
+                self._calls.put(None)  # after every call queued so far
+        for worker in workers:
+            worker.join()
         if self._thread is not None:
             self._queue.put(None)
             self._thread.join()
