@@ -265,6 +265,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.processes and args.shell == "async":
+        raise SystemExit("--processes times sync drain processes only; leave out --shell async")
     levels = [int(c) for c in args.concurrency.split(",")]
     rng = random.Random(args.seed)
     cpus = available_cpus()

@@ -125,7 +125,8 @@ def _postgres(outbox: str) -> tuple[Claim, Record, Callable[[], None]]:
 
     def claim() -> list[Row]:
         now, token = time.time(), os.urandom(12).hex()
-        with claimer.transaction():  # synchronous_commit: the server's default (on)
+        with claimer.transaction():
+            claimer.execute("SET LOCAL synchronous_commit = on")  # durable, as postonce's claim
             rows = claimer.execute(claim_sql, (now, BATCH)).fetchall()
             if rows:
                 ids = [row[0] for row in rows]

@@ -64,11 +64,13 @@ class AsyncClient(BaseClient):
     """The async twin of :class:`postonce.Client`: same parameters, same guarantees.
 
     ``await client.post_once(...)`` commits the intent before the first send,
-    like ``Client``, but the commit happens on the outbox's writer thread
-    (``postonce-outbox-writer``), so the event loop never blocks on SQLite and
-    concurrent calls share one commit. Pass any httpx async transport, for
-    example ``httpx_aiohttp.AiohttpTransport()`` for throughput at high
-    concurrency; the guarantees do not depend on it.
+    like ``Client``, but the commit happens on the outbox's writer threads
+    (``postonce-outbox-writer``), so the event loop never blocks on the outbox.
+    On SQLite concurrent calls share one commit; on PostgreSQL each call takes
+    its own path on a pooled connection, and concurrent records share one.
+    Pass any httpx async transport, for example
+    ``httpx_aiohttp.AiohttpTransport()`` for throughput at high concurrency;
+    the guarantees do not depend on it.
 
     Hooks may be coroutine functions (``async def``): each is awaited where
     its event happens, before the call goes on.
