@@ -378,11 +378,20 @@ def test_a_remote_stores_worker_answers_even_a_base_exception() -> None:
         thread.close()
 
 
-def test_a_remote_stores_thread_refuses_calls_once_closed() -> None:
-    """After close() a call is refused at once, and no worker is started again."""
-    thread = StoreThread(_RemoteStub())  # type: ignore[arg-type]
+class _LocalStub:
+    """The least of a local store: one writer runs its calls (one by one: no run_batch)."""
+
+    def echo(self, value: int) -> int:
+        return value
+
+
+@pytest.mark.parametrize("store", [_RemoteStub, _LocalStub])
+def test_a_store_thread_refuses_calls_once_closed(store: type) -> None:
+    """After close() a call is refused at once, and no thread is started again."""
+    thread = StoreThread(store())
     assert run(lambda: thread.call("echo", {"value": 1})) == 1
-    workers = list(thread._workers)
+    workers = [*thread._workers, *([thread._thread] if thread._thread else [])]
+    assert workers
     thread.close()
     assert not any(w.is_alive() for w in workers)
 
@@ -393,3 +402,21 @@ def test_a_remote_stores_thread_refuses_calls_once_closed() -> None:
     with pytest.raises(postonce.OutboxError, match="closed"):
         run(after_close)
     assert thread._workers == []
+    assert thread._thread is None
+
+
+def test_a_call_not_yet_handed_to_the_writer_is_run_by_close() -> None:
+    """close() in the loop turn of a submit: the call is still run and answered.
+
+    (It used to reach the writer's queue after close's stop mark: never answered.)
+    """
+    thread = StoreThread(_LocalStub())  # type: ignore[arg-type]
+
+    async def main() -> int:
+        ticket = thread.submit("echo", {"value": 3})  # handed over at the turn's end
+        thread.close()
+        with anyio.fail_after(10):
+            answer: int = await ticket.wait()
+            return answer
+
+    assert run(main) == 3

@@ -294,11 +294,11 @@ def test_drain_stop_event_releases_unsent_claims(
 def test_drain_has_at_most_concurrency_sends_in_flight(
     server: LoopbackServer, make_client: ClientFactory, concurrency: int
 ) -> None:
-    """A drain runs one flow more than it sends; the server never sees more than it allows.
+    """On PostgreSQL a drain runs one flow more than it sends; the server never sees more.
 
     The extra flow commits one intent's record while the next one's request is on
-    the wire. Its send waits for a slot: without the slots the server would see
-    ``concurrency + 1`` requests at once.
+    the wire. It waits for a turn before it starts: without the turns the server
+    would see ``concurrency + 1`` requests at once.
     """
     client = make_client(server.base_url, durability="normal")
     keys = [pending_via_503(client, f"slots-{concurrency}-{i}", delay=0.05) for i in range(8)]

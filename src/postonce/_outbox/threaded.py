@@ -90,7 +90,9 @@ class StoreThread:
         self._pending: dict[Callable[[Callable[[], object]], object], list[Ticket]] = {}
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
-        self.batches = 0  # transactions run; group commit shows as batches < calls
+        # Transactions run; group commit shows as batches < calls (on a remote
+        # store every call is its own: its group commit is the store's).
+        self.batches = 0
         self.calls = 0
 
     def submit(self, method: str, kwargs: dict[str, Any]) -> Ticket:
@@ -105,14 +107,15 @@ class StoreThread:
         if self._side_by_side:
             self._alone(ticket)
             return ticket
-        if self._thread is None:
-            with self._start_lock:
-                if self._thread is None:
-                    self._thread = threading.Thread(
-                        target=self._run, name="postonce-outbox-writer", daemon=True
-                    )
-                    self._thread.start()
         with self._start_lock:
+            if self._closed:
+                self._refuse(ticket)
+                return ticket
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="postonce-outbox-writer", daemon=True
+                )
+                self._thread.start()
             pending = self._pending.setdefault(notify, [])
             pending.append(ticket)
             first = len(pending) == 1
@@ -131,8 +134,7 @@ class StoreThread:
         """Run one call on a worker (a remote store); its caller is woken once it is done."""
         with self._start_lock:
             if self._closed:
-                ticket.result = OutboxError("the outbox's store thread is closed")
-                ticket.notify(functools.partial(_wake, [ticket]))
+                self._refuse(ticket)
                 return
             if not self._workers:
                 # Daemon threads, as the one writer: a process never waits on a stuck call.
@@ -145,6 +147,12 @@ class StoreThread:
             self.batches += 1
             self.calls += 1
             self._calls.put(ticket)
+
+    @staticmethod
+    def _refuse(ticket: Ticket) -> None:
+        """Answer a call made after :meth:`close`: nothing runs it any more."""
+        ticket.result = OutboxError("the outbox's store thread is closed")
+        ticket.notify(functools.partial(_wake, [ticket]))
 
     def _serve(self) -> None:
         while (ticket := self._calls.get()) is not None:
@@ -198,16 +206,22 @@ class StoreThread:
     def close(self) -> None:
         """Finish the queued calls, then stop the thread (or the workers).
 
-        A call submitted after this (on a remote store) is refused with OutboxError.
+        Calls submitted but not yet handed to the writer (their loop turn has
+        not ended) are handed over first; a call submitted after this is
+        refused with OutboxError.
         """
         with self._start_lock:
             self._closed = True
             workers, self._workers = self._workers, []
             for _ in workers:
                 self._calls.put(None)  # after every call queued so far
+            thread, self._thread = self._thread, None
+            for tickets in self._pending.values():
+                self._queue.put(tickets)
+            self._pending.clear()
+            if thread is not None:
+                self._queue.put(None)
         for worker in workers:
             worker.join()
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join()
-            self._thread = None
+        if thread is not None:
+            thread.join()
