@@ -7,6 +7,9 @@ Run from the repository root::
 Candidates, each timed as requests per second (N requests / elapsed seconds):
 
 * ``raw``: ``httpx.AsyncClient.post(url, json=body, headers={"Idempotency-Key": uuid4})``;
+* ``floor``: ``async_floor.AsyncFloor(synchronous="FULL").post_once(url, body)``, the
+  least Python doing the same durable work: a group-committed FULL write-ahead
+  commit on one writer thread, the POST, and the commit of the answer;
 * ``postonce``: ``postonce.AsyncClient(durability="full").post_once(url, json=body)``,
   a new intent per call (no ``intent=``): one group-committed FULL write-ahead
   commit on the outbox's writer thread, the POST, and the commit of the answer.
@@ -19,7 +22,7 @@ Each candidate run sends N requests from C concurrent tasks (an anyio task
 group whose C workers pull from one shared counter), after an untimed warm-up
 on the same client. Every run gets a fresh httpx client and, for postonce, a
 fresh outbox in a fresh directory. Runs are interleaved: for each repeat and
-each concurrency level, the four candidates run in an order shuffled by a
+each concurrency level, the six candidates run in an order shuffled by a
 seeded RNG, so drift hits all of them alike.
 
 The table shows, per level and transport, raw's and postonce's req/s as
@@ -68,13 +71,14 @@ from httpx_aiohttp import AiohttpTransport
 import postonce
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from async_floor import AsyncFloor
 from bench_sync import BODY, ServerProcess, filesystem_of, pinned_server, run_main
 from spread import Spread, verdict
 
-Kind = Literal["raw", "postonce"]
+Kind = Literal["raw", "floor", "postonce"]
 TransportName = Literal["default", "aiohttp"]
 
-KINDS: tuple[Kind, ...] = ("raw", "postonce")
+KINDS: tuple[Kind, ...] = ("raw", "floor", "postonce")
 TRANSPORTS: tuple[TransportName, ...] = ("default", "aiohttp")
 _RAM_FILESYSTEMS = frozenset({"tmpfs", "ramfs", "devtmpfs"})
 
@@ -153,6 +157,7 @@ async def run_candidate(
     """One fresh client: warm up (untimed), then time ``requests`` calls."""
     http = make_http(candidate.transport, concurrency)
     client: postonce.AsyncClient | None = None
+    closing: list[Callable[[], None]] = []
     who = f"{candidate.name} c={concurrency}"
     try:
         call: Callable[[], Awaitable[None]]
@@ -165,6 +170,17 @@ async def run_candidate(
                 _check(response, who)
 
             call = raw_call
+        elif candidate.kind == "floor":
+            floordir = Path(
+                tempfile.mkdtemp(prefix=f"f{concurrency}-{candidate.transport}-", dir=workdir)
+            )
+            floor = AsyncFloor(floordir / "floor.sqlite3", "FULL", http)
+            closing.append(floor.close)
+
+            async def floor_call() -> None:
+                _check(await floor.post_once(url, BODY), who)
+
+            call = floor_call
         else:
             rundir = Path(
                 tempfile.mkdtemp(prefix=f"c{concurrency}-{candidate.transport}-", dir=workdir)
@@ -191,6 +207,8 @@ async def run_candidate(
         with anyio.CancelScope(shield=True):
             if client is not None:
                 await client.aclose()  # http= is ours: postonce leaves it open
+            for close in closing:
+                close()
             await http.aclose()
 
 
@@ -264,18 +282,25 @@ def rates(results: Results, concurrency: int, kind: Kind, transport: TransportNa
     return Spread.of(results.rates[(concurrency, Candidate(kind, transport))])
 
 
-def ratio_spread(results: Results, concurrency: int, transport: TransportName) -> Spread:
-    """postonce / raw throughput, computed within each repeat (the two ran side by side)."""
-    once = results.rates[(concurrency, Candidate("postonce", transport))]
-    raw = results.rates[(concurrency, Candidate("raw", transport))]
-    return Spread.of(o / r for o, r in zip(once, raw, strict=True))
+def ratio_spread(
+    results: Results,
+    concurrency: int,
+    transport: TransportName,
+    kind: Kind = "postonce",
+    against: Kind = "raw",
+) -> Spread:
+    """``kind`` / ``against`` throughput, computed within each repeat (they ran side by side)."""
+    top = results.rates[(concurrency, Candidate(kind, transport))]
+    bottom = results.rates[(concurrency, Candidate(against, transport))]
+    return Spread.of(t / b for t, b in zip(top, bottom, strict=True))
 
 
 def report(results: Results, levels: Sequence[int]) -> None:
     print()
     print(
-        f"{'conc':>4}  {'transport':<9}{'raw req/s (min/med/max)':>30}"
-        f"{'postonce req/s (min/med/max)':>32}{'ratio (min/med/max)':>28}{'calls/batch':>13}"
+        f"{'conc':>4}  {'transport':<9}{'raw req/s':>24}{'floor req/s':>24}"
+        f"{'postonce req/s':>24}{'postonce/raw':>24}{'floor/raw':>24}"
+        f"{'postonce/floor':>24}{'calls/batch':>13}"
     )
     for concurrency in levels:
         for transport in TRANSPORTS:
@@ -283,14 +308,18 @@ def report(results: Results, levels: Sequence[int]) -> None:
             per_batch = last.calls / last.batches if last.batches else 0.0
             print(
                 f"{concurrency:>4}  {transport:<9}"
-                f"{rates(results, concurrency, 'raw', transport).text():>30}"
-                f"{rates(results, concurrency, 'postonce', transport).text():>32}"
-                f"{ratio_spread(results, concurrency, transport).text('.2f'):>28}"
+                f"{rates(results, concurrency, 'raw', transport).text():>24}"
+                f"{rates(results, concurrency, 'floor', transport).text():>24}"
+                f"{rates(results, concurrency, 'postonce', transport).text():>24}"
+                f"{ratio_spread(results, concurrency, transport).text('.2f'):>24}"
+                f"{ratio_spread(results, concurrency, transport, 'floor').text('.2f'):>24}"
+                f"{ratio_spread(results, concurrency, transport, against='floor').text('.2f'):>24}"
                 f"{per_batch:>13.1f}"
             )
     print(
-        "(req/s: min/median/max over the repeats, UNSTABLE when they differ by > 30%; ratio: "
-        "postonce/raw within each repeat; calls/batch: writer thread, last postonce run)"
+        "(req/s: min/median/max over the repeats, UNSTABLE when they differ by > 30%; ratios "
+        "computed within each repeat; floor: async_floor.py, the least Python doing the same "
+        "FULL write-ahead and answer commits; calls/batch: postonce's writer thread, last run)"
     )
     print()
     low, top = min(levels), max(levels)
@@ -314,9 +343,11 @@ def report(results: Results, levels: Sequence[int]) -> None:
         f"raw {best_raw:.0f} req/s = x{best_once / best_raw:.2f}"
     )
     aio = ratio_spread(results, top, "aiohttp")
+    aio_floor = ratio_spread(results, top, "aiohttp", "floor")
     print(
         f"httpx-aiohttp c={top}: postonce/raw {aio.text('.2f')} "
-        f"(target >= {AIOHTTP_TARGET:.2f}: {verdict(aio.median >= AIOHTTP_TARGET, aio)})"
+        f"(target >= {AIOHTTP_TARGET:.2f}: {verdict(aio.median >= AIOHTTP_TARGET, aio)}); "
+        f"the floor itself reaches {aio_floor.text('.2f')} of raw"
     )
     unstable = [
         f"{kind}/{transport} c={c}"
@@ -333,7 +364,9 @@ def report(results: Results, levels: Sequence[int]) -> None:
         for c in levels
     )
     print(
-        f"SUMMARY async: aiohttp c={top} postonce/raw x{aio.median:.2f}; default transport "
+        f"SUMMARY async: aiohttp c={top} postonce/raw x{aio.median:.2f}, floor/raw "
+        f"x{aio_floor.median:.2f}, postonce/floor "
+        f"x{ratio_spread(results, top, 'aiohttp', against='floor').median:.2f}; default transport "
         f"{default}{' (raw crippled at c=' + str(top) + ')' if crippled else ''}; "
         f"best default postonce/best default raw x{best_once / best_raw:.2f}; "
         f"unstable: {', '.join(unstable) or 'none'}"
