@@ -7,6 +7,7 @@ import socket
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -14,7 +15,7 @@ import pytest
 import postonce
 from postonce import Outcome, State
 from postonce._outbox.locate import open_store
-from tests.conftest import FAST, ClientFactory, outbox_bytes
+from tests.conftest import FAST, AsyncDriven, ClientFactory, outbox_bytes
 from tests.http_library import Response
 
 Handler = Callable[[httpx.Request], httpx.Response]
@@ -661,3 +662,41 @@ def test_form_field_order_is_the_same_intent(make_client: ClientFactory) -> None
     assert len(rec.requests) == 1
     with pytest.raises(postonce.IntentConflict):
         client.post_once("/v1/charges", data={"amount": "101", "currency": "eur"}, intent="form-1")
+
+
+# -- a closed client ----------------------------------------------------------------
+
+
+def test_a_closed_client_refuses_a_call_before_storing_or_sending(
+    make_client: ClientFactory, outbox: str
+) -> None:
+    """After close() (aclose()), a call raises ConfigurationError naming its intent.
+
+    It used to open the outbox again, commit the intent, fail on the closed
+    httpx client, and record the intent as maybe delivered: stored, never
+    sent, and left for a drain to send.
+    """
+    sent: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(request.url.path)
+        return ok(201)
+
+    client: Any = make_client(transport=httpx.MockTransport(answer))
+    client.post_once("/before", json={"amount": 1}, intent="before-close")
+    if isinstance(client, AsyncDriven):
+        client._run(client.client.aclose())  # closed, its event loop kept for the call below
+    else:
+        client.close()
+    with pytest.raises(postonce.ConfigurationError, match="closed") as caught:
+        client.post_once("/after", json={"amount": 2}, intent="after-close")
+    assert caught.value.intent == "after-close"
+    with pytest.raises(postonce.ConfigurationError, match="closed"):
+        client.lookup("before-close")
+    assert sent == ["/before"]
+    checker = open_store(outbox)
+    try:
+        assert checker.get("after-close") is None
+        assert checker.get("before-close") is not None
+    finally:
+        checker.close()

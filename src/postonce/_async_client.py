@@ -130,6 +130,7 @@ class AsyncClient(BaseClient):
     # -- the outbox ----------------------------------------------------------
 
     async def _store_thread(self) -> StoreThread:
+        self._check_open()
         if self._thread is None:
             # One opener: many tasks arriving at once must not each start a thread.
             if self._opening is None:
@@ -456,7 +457,13 @@ class AsyncClient(BaseClient):
     # -- life cycle ----------------------------------------------------------
 
     async def aclose(self) -> None:
-        """Close the httpx client, the writer thread and the outbox this client opened."""
+        """Close the httpx client, the writer thread and the outbox this client opened.
+
+        Store calls already queued are finished first. The client is then
+        closed for good: a later call raises ConfigurationError before anything
+        is stored or sent.
+        """
+        self._closed = True
         if self._owns_http:
             await self._http.aclose()
         self._heartbeat.close()

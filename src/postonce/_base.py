@@ -284,6 +284,7 @@ class BaseClient:
         self._owns_store = self._store is None
         self._adopted = False  # intents of no sender taken on (once per store)
         self._open_lock = threading.Lock()
+        self._closed = False  # close() / aclose() ends a client for good
         self._owner = new_owner()  # host, boot, pid and start time: others can tell it died
         self._owner_pid = os.getpid()
         self._clock: Callable[[], float] = clock if clock is not None else time.time
@@ -400,9 +401,23 @@ class BaseClient:
 
     # -- the outbox ----------------------------------------------------------
 
+    def _check_open(self) -> None:
+        """Refuse any use of the outbox once the client is closed.
+
+        Else a call after close would open the outbox again, commit its intent,
+        and then fail on the closed httpx client: an intent stored, never sent,
+        and recorded as maybe delivered.
+        """
+        if self._closed:
+            raise ConfigurationError(
+                "this client is closed: nothing was stored or sent; make a new client "
+                "(close() and aclose() end a client for good)"
+            )
+
     @property
     def outbox(self) -> Store:
         """The outbox store, opened on first use."""
+        self._check_open()
         if self._store is None or not self._adopted:
             with self._open_lock:
                 store = self._opened_store()
@@ -413,6 +428,7 @@ class BaseClient:
 
     def _opened_store(self) -> Store:
         """The store, opened if it is not yet (nothing adopted)."""
+        self._check_open()
         if self._store is None:
             self._store = open_store(self._outbox_spec, durability=self._durability)
         return self._store

@@ -378,7 +378,12 @@ class Client(BaseClient):
     # -- life cycle ----------------------------------------------------------
 
     def close(self) -> None:
-        """Close the httpx client and the outbox, where this client opened them."""
+        """Close the httpx client and the outbox, where this client opened them.
+
+        The client is then closed for good: a later call raises ConfigurationError
+        before anything is stored or sent.
+        """
+        self._closed = True
         if self._owns_http:
             self._http.close()
         self._heartbeat.close()
