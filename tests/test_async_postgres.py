@@ -72,6 +72,14 @@ def stored(url: str, intent: str) -> tuple[postonce.IntentRecord, list[str]]:
         store.close()
 
 
+def finished_charge(server: LoopbackServer, key: str) -> None:
+    """Wait (at most 10 s) until the server has executed the charge of ``key``."""
+    deadline = time.monotonic() + 10
+    while not server.effects_for(key):
+        assert time.monotonic() < deadline, "the server never finished the charge"
+        time.sleep(0.05)
+
+
 def test_cancelled_mid_send_on_postgresql_is_pending_unleased_and_drained_once(
     server: LoopbackServer, pg_outbox: str
 ) -> None:
@@ -79,6 +87,7 @@ def test_cancelled_mid_send_on_postgresql_is_pending_unleased_and_drained_once(
 
     async def main() -> str:
         async with postonce.AsyncClient(server.base_url, outbox=pg_outbox, retry=FAST) as client:
+            await client.lookup("cx")  # the outbox opened (and migrated) before the clock starts
             with anyio.move_on_after(0.5) as scope:
                 await client.post_once(
                     CHARGES, json={"amount": 1, "_test": {"delay": 1.0}}, intent="cx"
@@ -93,7 +102,7 @@ def test_cancelled_mid_send_on_postgresql_is_pending_unleased_and_drained_once(
     assert (record.state, record.lease_owner) == (State.PENDING, None)
     assert record.first_delivery_at is not None  # it may have been delivered: the horizon runs
     assert outcomes == ["ambiguous"]
-    time.sleep(0.6)  # the server finishes the charge it was given
+    finished_charge(server, key)  # the server finishes the charge it was given
 
     async def finish() -> postonce.DrainReport:
         async with postonce.AsyncClient(server.base_url, outbox=pg_outbox, retry=FAST) as c:

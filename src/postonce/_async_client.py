@@ -34,7 +34,7 @@ from ._drain import (
     note_census,
 )
 from ._exceptions import ConfigurationError, OutboxError, PostonceError
-from ._flow import Abandoned, Callback, Effect, Send, Sleep, StoreCall, run
+from ._flow import Abandoned, Callback, Effect, Send, Sender, Sleep, StoreCall, run
 from ._intent import IntentRecord, State
 from ._observe import (
     Hooks,
@@ -46,7 +46,7 @@ from ._observe import (
     sending,
     stop_collecting,
 )
-from ._outbox.base import Census, Opened
+from ._outbox.base import Census, NewIntent, Opened
 from ._outbox.locate import OutboxSpec
 from ._outbox.sqlite import Durability
 from ._outbox.threaded import StoreThread
@@ -156,9 +156,10 @@ class AsyncClient(BaseClient):
 
     async def lookup(self, intent: str) -> IntentRecord | None:
         """The stored intent with this reference, or None."""
-        record: IntentRecord | None = await (await self._store_thread()).call(
-            "get", {"reference": intent}
-        )
+        with self._in_call():
+            record: IntentRecord | None = await (await self._store_thread()).call(
+                "get", {"reference": intent}
+            )
         return record
 
     # -- requests ------------------------------------------------------------
@@ -175,19 +176,29 @@ class AsyncClient(BaseClient):
         """
         prepared, sender, new = self._plan(method, url, **options)
         try:
-            thread = await self._store_thread()
+            token = self._begin_call()
         except PostonceError as exc:
             raise named(exc, prepared.reference, prepared.key) from exc
         try:
-            response: httpx.Response = await self._drive(
-                run(sender, new), thread, prepared.reference, prepared.key
-            )
+            return await self._request(prepared.reference, prepared.key, sender, new)
+        finally:
+            self._end_call(token)
+
+    async def _request(
+        self, reference: str, key: str, sender: Sender, new: NewIntent
+    ) -> httpx.Response:
+        try:
+            thread = await self._store_thread()
+        except PostonceError as exc:
+            raise named(exc, reference, key) from exc
+        try:
+            response: httpx.Response = await self._drive(run(sender, new), thread, reference, key)
         except PostonceError as exc:
             if not getattr(exc, "from_outbox", False):  # an ending read back is not new
-                await self._settle(thread, prepared.reference, prepared.key)
+                await self._settle(thread, reference, key)
             raise
         if not response.extensions["postonce"].from_outbox:
-            await self._settle(thread, prepared.reference, prepared.key)
+            await self._settle(thread, reference, key)
         return response
 
     async def _settle(self, thread: StoreThread, reference: str, key: str) -> None:
@@ -202,6 +213,10 @@ class AsyncClient(BaseClient):
 
     async def wait(self, intent: str, *, timeout: float = 30.0) -> httpx.Response:
         """``await`` the final answer of ``intent``; see :meth:`postonce.Client.wait`."""
+        with self._in_call():
+            return await self._wait(intent, timeout)
+
+    async def _wait(self, intent: str, timeout: float) -> httpx.Response:
         thread = await self._store_thread()
         steps = self._waiting(intent, timeout)
         ask = next(steps)
@@ -218,10 +233,11 @@ class AsyncClient(BaseClient):
 
     async def resolve(self, intent: str, state: State, *, note: str = "") -> IntentRecord:
         """Resolve an expired intent by hand; see :meth:`postonce.Client.resolve`."""
-        thread = await self._store_thread()
-        moved: IntentRecord = await self._drive(
-            self._operator_flow(intent, State(state), note), thread, intent, ""
-        )
+        with self._in_call():
+            thread = await self._store_thread()
+            moved: IntentRecord = await self._drive(
+                self._operator_flow(intent, State(state), note), thread, intent, ""
+            )
         return moved
 
     async def cancel(self, intent: str, *, note: str = "") -> IntentRecord:
@@ -386,9 +402,24 @@ class AsyncClient(BaseClient):
         if concurrency < 1 or interval <= 0:
             raise ConfigurationError("drain needs concurrency >= 1 and interval > 0")
         self._check_drain()
+        stop = stop if stop is not None else anyio.Event()
+        with self._in_call():
+            self._drain_begins(stop)
+            try:
+                return await self._drain(forever, interval, concurrency, stop, progress)
+            finally:
+                self._drain_ends(stop)
+
+    async def _drain(
+        self,
+        forever: bool,
+        interval: float,
+        concurrency: int,
+        stop: anyio.Event,
+        progress: Callable[[DrainReport], None] | None,
+    ) -> DrainReport:
         thread = await self._store_thread()
         tally = Tally()
-        stop = stop if stop is not None else anyio.Event()
         started, began = self._clock(), time.monotonic()
         limiter = anyio.CapacityLimiter(flows_for(thread.store, concurrency))
         turns = AsyncTurns(concurrency, tally)
@@ -459,11 +490,15 @@ class AsyncClient(BaseClient):
     async def aclose(self) -> None:
         """Close the httpx client, the writer thread and the outbox this client opened.
 
-        Store calls already queued are finished first. The client is then
-        closed for good: a later call raises ConfigurationError before anything
-        is stored or sent.
+        Calls under way (other tasks) finish first, as they would have; drains
+        under way stop as on ``stop.set()``. The client is then closed for
+        good: a later call raises ConfigurationError before anything is stored
+        or sent. Raises ConfigurationError inside one of this client's own
+        calls (a hook, ``on_settled``), where it would wait for itself.
         """
-        self._closed = True
+        if not self._closing():
+            return
+        await anyio.to_thread.run_sync(self._wait_idle)
         if self._owns_http:
             await self._http.aclose()
         self._heartbeat.close()

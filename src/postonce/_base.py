@@ -6,6 +6,7 @@ clients differ only in how they perform the flow's effects.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import inspect
 import json as jsonlib
@@ -13,7 +14,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Collection, Generator, Sequence
+from collections.abc import Callable, Collection, Generator, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from types import ModuleType
 from typing import Any, Literal, TypedDict, TypeVar
@@ -206,6 +208,12 @@ def named(exc: PostonceError, reference: str, key: str) -> PostonceError:
     return renamed
 
 
+#: The clients whose calls run in this context (thread or task): close() there would deadlock.
+_IN_CALL: contextvars.ContextVar[tuple[int, ...]] = contextvars.ContextVar(
+    "postonce_in_call", default=()
+)
+
+
 class BaseClient:
     """Settings and planning shared by both clients; see ``Client`` for the parameters."""
 
@@ -285,6 +293,10 @@ class BaseClient:
         self._adopted = False  # intents of no sender taken on (once per store)
         self._open_lock = threading.Lock()
         self._closed = False  # close() / aclose() ends a client for good
+        self._busy = 0  # this client's calls under way: close() waits for them
+        self._busy_lock = threading.Lock()
+        self._idle = threading.Condition(self._busy_lock)
+        self._drain_stops: list[Any] = []  # the stop events of drains under way
         self._owner = new_owner()  # host, boot, pid and start time: others can tell it died
         self._owner_pid = os.getpid()
         self._clock: Callable[[], float] = clock if clock is not None else time.time
@@ -401,6 +413,67 @@ class BaseClient:
 
     # -- the outbox ----------------------------------------------------------
 
+    def _begin_call(self) -> contextvars.Token[tuple[int, ...]]:
+        """Count a call under way (close() waits for it); refused once the client is closed."""
+        with self._busy_lock:
+            self._check_open()
+            self._busy += 1
+        return _IN_CALL.set((*_IN_CALL.get(), id(self)))
+
+    @contextmanager
+    def _in_call(self) -> Iterator[None]:
+        """:meth:`_begin_call` and :meth:`_end_call` around a block."""
+        token = self._begin_call()
+        try:
+            yield
+        finally:
+            self._end_call(token)
+
+    def _end_call(self, token: contextvars.Token[tuple[int, ...]]) -> None:
+        _IN_CALL.reset(token)
+        with self._busy_lock:
+            self._busy -= 1
+            if not self._busy:
+                self._idle.notify_all()
+
+    def _drain_begins(self, stop: Any) -> None:
+        """Let close() stop this drain (a forever drain would never end by itself)."""
+        with self._busy_lock:
+            self._drain_stops.append(stop)
+            closing = self._closed
+        if closing:
+            stop.set()
+
+    def _drain_ends(self, stop: Any) -> None:
+        with self._busy_lock:
+            self._drain_stops.remove(stop)
+
+    def _closing(self) -> bool:
+        """Close the client to new calls and stop its drains; False if it was closed already.
+
+        Raises ConfigurationError inside one of this client's own calls (a
+        hook, ``on_settled``, ``reconcile``): close() would wait for itself.
+        """
+        if id(self) in _IN_CALL.get():
+            raise ConfigurationError(
+                "close() was called inside one of this client's own calls (a hook, on_settled "
+                "or reconcile); it waits for every call to end, so it would wait for itself"
+            )
+        with self._busy_lock:
+            if self._closed:
+                return False
+            self._closed = True
+            stops = list(self._drain_stops)
+        for stop in stops:
+            stop.set()
+        return True
+
+    def _wait_idle(self) -> None:
+        """Wait until no call of this client is under way (they finish as usual)."""
+        with self._idle:
+            while self._busy:
+                self._idle.wait()
+
     def _check_open(self) -> None:
         """Refuse any use of the outbox once the client is closed.
 
@@ -468,7 +541,11 @@ class BaseClient:
         """
         if self.origins is None:
             raise ConfigurationError("adopting intents needs a client with base_url= or origins=")
-        return self.outbox.adopt(sender=self.sender, origins=self.origins, previous=previous)
+        with self._in_call():
+            adopted: int = self.outbox.adopt(
+                sender=self.sender, origins=self.origins, previous=previous
+            )
+        return adopted
 
     def use_outbox(self, outbox: OutboxSpec) -> None:
         """Point this client at another outbox; only before the outbox is first used."""

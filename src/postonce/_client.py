@@ -30,10 +30,10 @@ from ._drain import (
     stop_on_signals,
 )
 from ._exceptions import ConfigurationError, OutboxError, PostonceError
-from ._flow import Abandoned, Callback, Effect, Send, Sleep, StoreCall, run
+from ._flow import Abandoned, Callback, Effect, Send, Sender, Sleep, StoreCall, run
 from ._intent import IntentRecord, State
 from ._observe import Hooks, SendDetail, sending
-from ._outbox.base import Opened, Store
+from ._outbox.base import NewIntent, Opened, Store
 from ._outbox.locate import OutboxSpec
 from ._outbox.sqlite import Durability
 from ._policy import RetryPolicy
@@ -124,7 +124,8 @@ class Client(BaseClient):
 
     def lookup(self, intent: str) -> IntentRecord | None:
         """The stored intent with this reference, or None."""
-        record: IntentRecord | None = self.outbox.get(intent)
+        with self._in_call():
+            record: IntentRecord | None = self.outbox.get(intent)
         return record
 
     # -- requests ------------------------------------------------------------
@@ -149,19 +150,27 @@ class Client(BaseClient):
         """
         prepared, sender, new = self._plan(method, url, **options)
         try:
-            store = self.outbox
+            token = self._begin_call()
         except PostonceError as exc:
             raise named(exc, prepared.reference, prepared.key) from exc
         try:
-            response: httpx.Response = self._drive(
-                run(sender, new), store, prepared.reference, prepared.key
-            )
+            return self._request(prepared.reference, prepared.key, sender, new)
+        finally:
+            self._end_call(token)
+
+    def _request(self, reference: str, key: str, sender: Sender, new: NewIntent) -> httpx.Response:
+        try:
+            store = self.outbox
+        except PostonceError as exc:
+            raise named(exc, reference, key) from exc
+        try:
+            response: httpx.Response = self._drive(run(sender, new), store, reference, key)
         except PostonceError as exc:
             if not getattr(exc, "from_outbox", False):  # an ending read back is not new
-                self._settle(store, prepared.reference, prepared.key)
+                self._settle(store, reference, key)
             raise
         if not response.extensions["postonce"].from_outbox:
-            self._settle(store, prepared.reference, prepared.key)
+            self._settle(store, reference, key)
         return response
 
     def _settle(self, store: Store, reference: str, key: str) -> None:
@@ -182,6 +191,10 @@ class Client(BaseClient):
         ``timeout`` seconds pass first. On PostgreSQL it listens for the outbox's
         notifications; elsewhere it polls.
         """
+        with self._in_call():
+            return self._wait(intent, timeout)
+
+    def _wait(self, intent: str, timeout: float) -> httpx.Response:
         store = self.outbox
         steps = self._waiting(intent, timeout)
         ask = next(steps)
@@ -199,10 +212,11 @@ class Client(BaseClient):
 
     def resolve(self, intent: str, state: State, *, note: str = "") -> IntentRecord:
         """Resolve an expired intent by hand (as ``outbox resolve``); its settlement follows."""
-        store = self.outbox
-        moved: IntentRecord = self._drive(
-            self._operator_flow(intent, State(state), note), store, intent, ""
-        )
+        with self._in_call():
+            store = self.outbox
+            moved: IntentRecord = self._drive(
+                self._operator_flow(intent, State(state), note), store, intent, ""
+            )
         return moved
 
     def cancel(self, intent: str, *, note: str = "") -> IntentRecord:
@@ -324,9 +338,24 @@ class Client(BaseClient):
         if concurrency < 1 or interval <= 0:
             raise ConfigurationError("drain needs concurrency >= 1 and interval > 0")
         self._check_drain()
+        stop = stop if stop is not None else threading.Event()
+        with self._in_call():
+            self._drain_begins(stop)
+            try:
+                return self._drain(forever, interval, concurrency, stop, progress)
+            finally:
+                self._drain_ends(stop)
+
+    def _drain(
+        self,
+        forever: bool,
+        interval: float,
+        concurrency: int,
+        stop: threading.Event,
+        progress: Callable[[DrainReport], None] | None,
+    ) -> DrainReport:
         store = self.outbox
         tally = Tally()
-        stop = stop if stop is not None else threading.Event()
 
         def claim(due_by: float, limit: int) -> list[Opened]:
             adopt = self._adoption_due()  # one that failed when the outbox opened
@@ -380,10 +409,15 @@ class Client(BaseClient):
     def close(self) -> None:
         """Close the httpx client and the outbox, where this client opened them.
 
-        The client is then closed for good: a later call raises ConfigurationError
-        before anything is stored or sent.
+        Calls under way (in other threads) finish first, as they would have;
+        drains under way stop as on ``stop.set()``. The client is then closed
+        for good: a later call raises ConfigurationError before anything is
+        stored or sent. Raises ConfigurationError inside one of this client's
+        own calls (a hook, ``on_settled``), where it would wait for itself.
         """
-        self._closed = True
+        if not self._closing():
+            return
+        self._wait_idle()
         if self._owns_http:
             self._http.close()
         self._heartbeat.close()

@@ -1,0 +1,213 @@
+"""Closing a client while it works: calls under way finish, drains stop, nothing is stranded.
+
+``close()`` / ``aclose()`` used to close the httpx client and the outbox under
+calls still running: a send failed on the closed httpx client (a bare
+``RuntimeError``, its intent left pending as maybe delivered), or an answer
+already received could not be recorded (the intent left leased, to be sent
+again by a drain), and a ``forever`` drain went on claiming from a closed
+outbox. Now close waits for calls under way, stops drains as ``stop.set()``
+does, and only then closes; later calls are refused before anything is stored.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import anyio
+import httpx
+import pytest
+
+import postonce
+from postonce import State
+from postonce._outbox.locate import open_store
+from tests.conftest import FAST, OutboxUnderTest
+
+pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
+
+BASE = "http://api.test"
+
+
+def stored_state(outbox: OutboxUnderTest, intent: str) -> tuple[State, str | None]:
+    store = open_store(outbox)
+    try:
+        record = store.get(intent)
+        assert record is not None
+        return record.state, record.lease_owner
+    finally:
+        store.close()  # a MemoryOutbox keeps its data
+
+
+def test_close_waits_for_a_call_under_way_and_keeps_its_answer(outbox: OutboxUnderTest) -> None:
+    """close() from another thread while a send is at the server: the call ends as usual first."""
+    sending, release = threading.Event(), threading.Event()
+
+    def slow(request: httpx.Request) -> httpx.Response:
+        sending.set()
+        release.wait(5)
+        return httpx.Response(201, json={"id": "ch_1"})
+
+    client = postonce.Client(BASE, outbox=outbox, retry=FAST, transport=httpx.MockTransport(slow))
+    answers: list[httpx.Response] = []
+    call = threading.Thread(
+        target=lambda: answers.append(client.post_once("/c", json={}, intent="under-way"))
+    )
+    call.start()
+    assert sending.wait(5)
+    closing = threading.Thread(target=client.close)
+    closing.start()
+    closing.join(0.3)
+    assert closing.is_alive(), "close() did not wait for the call under way"
+    release.set()
+    call.join(5)
+    closing.join(5)
+    assert not call.is_alive()
+    assert not closing.is_alive()
+    (response,) = answers
+    assert response.status_code == 201
+    assert response.extensions["postonce"].state is State.SUCCEEDED
+    assert stored_state(outbox, "under-way") == (State.SUCCEEDED, None)
+    with pytest.raises(postonce.ConfigurationError, match="closed"):
+        client.post_once("/c", json={}, intent="after")
+
+
+def test_aclose_waits_for_a_call_under_way_and_keeps_its_answer(outbox: OutboxUnderTest) -> None:
+    """aclose() from another task while a send is at the server: the call ends as usual first."""
+
+    async def main() -> None:
+        sending, release = anyio.Event(), anyio.Event()
+
+        async def slow(request: httpx.Request) -> httpx.Response:
+            sending.set()
+            await release.wait()
+            return httpx.Response(201, json={"id": "ch_1"})
+
+        client = postonce.AsyncClient(
+            BASE, outbox=outbox, retry=FAST, transport=httpx.MockTransport(slow)
+        )
+        answers: list[httpx.Response] = []
+        closed = anyio.Event()
+
+        async def call() -> None:
+            answers.append(await client.post_once("/c", json={}, intent="under-way"))
+
+        async def close() -> None:
+            await client.aclose()
+            closed.set()
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as group:
+                group.start_soon(call)
+                await sending.wait()
+                group.start_soon(close)
+                await anyio.sleep(0.3)
+                assert not closed.is_set(), "aclose() did not wait for the call under way"
+                release.set()
+        (response,) = answers
+        assert response.status_code == 201
+        assert response.extensions["postonce"].state is State.SUCCEEDED
+        with pytest.raises(postonce.ConfigurationError, match="closed"):
+            await client.post_once("/c", json={}, intent="after")
+
+    anyio.run(main)
+    assert stored_state(outbox, "under-way") == (State.SUCCEEDED, None)
+
+
+def test_close_stops_a_forever_drain(outbox: OutboxUnderTest) -> None:
+    """A drain(forever=True) in another thread ends when its client is closed."""
+    answer = httpx.MockTransport(lambda r: httpx.Response(201))
+    client = postonce.Client(BASE, outbox=outbox, retry=FAST, transport=answer)
+    reports: list[postonce.DrainReport] = []
+    drain = threading.Thread(
+        target=lambda: reports.append(client.drain(forever=True, interval=0.05))
+    )
+    drain.start()
+    time.sleep(0.2)
+    closing = threading.Thread(target=client.close)
+    closing.start()
+    closing.join(5)
+    drain.join(5)
+    assert not drain.is_alive(), "the drain did not stop on close()"
+    assert not closing.is_alive()
+    assert len(reports) == 1
+
+
+def test_aclose_stops_a_forever_drain(outbox: OutboxUnderTest) -> None:
+    """An AsyncClient drain(forever=True) ends when its client is closed."""
+
+    async def main() -> None:
+        client = postonce.AsyncClient(
+            BASE,
+            outbox=outbox,
+            retry=FAST,
+            transport=httpx.MockTransport(lambda r: httpx.Response(201)),
+        )
+        reports: list[postonce.DrainReport] = []
+
+        async def drain() -> None:
+            reports.append(await client.drain(forever=True, interval=0.05))
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as group:
+                group.start_soon(drain)
+                await anyio.sleep(0.2)
+                await client.aclose()
+        assert len(reports) == 1
+
+    anyio.run(main)
+
+
+def test_close_inside_the_clients_own_call_is_refused_not_a_deadlock(tmp_path: object) -> None:
+    """close() from within a call (here its transport) would wait for itself: it raises instead."""
+    client: postonce.Client
+
+    def closing(request: httpx.Request) -> httpx.Response:
+        client.close()
+        return httpx.Response(201)
+
+    client = postonce.Client(
+        BASE, outbox=f"{tmp_path}/o.sqlite3", retry=FAST, transport=httpx.MockTransport(closing)
+    )
+    raised: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            client.post_once("/c", json={}, intent="self-close")
+        except BaseException as exc:
+            raised.append(exc)
+
+    worker = threading.Thread(target=call, daemon=True)
+    worker.start()
+    worker.join(10)
+    assert not worker.is_alive(), "close() inside the call deadlocked"
+    (error,) = raised
+    assert isinstance(error, postonce.ConfigurationError)
+    assert "wait for itself" in str(error)
+    client.close()  # from outside, it closes
+
+
+def test_aclose_inside_the_clients_own_call_is_refused_not_a_deadlock(tmp_path: object) -> None:
+    """aclose() from within a call would wait for itself: it raises instead."""
+
+    async def main() -> None:
+        client: postonce.AsyncClient
+
+        async def closing(request: httpx.Request) -> httpx.Response:
+            await client.aclose()
+            return httpx.Response(201)
+
+        client = postonce.AsyncClient(
+            BASE, outbox=f"{tmp_path}/o.sqlite3", retry=FAST, transport=httpx.MockTransport(closing)
+        )
+        with pytest.raises(postonce.ConfigurationError, match="itself"):
+            await client.post_once("/c", json={}, intent="self-close")
+        await client.aclose()
+        finished.set()
+
+    # In a thread of its own: a deadlock (aclose waiting in a worker thread) would
+    # not yield to fail_after, and must fail this test rather than hang the run.
+    finished = threading.Event()
+    runner = threading.Thread(target=anyio.run, args=(main,), daemon=True)
+    runner.start()
+    runner.join(10)
+    assert finished.is_set(), "aclose() inside the call deadlocked or raised nothing"
