@@ -14,11 +14,15 @@ do, on the same event loop and the same one CPU, and nothing else:
 The event loop must not block on a commit, so every write goes to ONE writer
 thread (SQLite takes one writer at a time anyway), and the writer commits all
 writes waiting for it in one transaction: group commit, one fsync for many
-intents, as postonce's store thread does. A transaction holding any
-write-ahead is committed with the arm's ``synchronous``; one of answers only
-with ``NORMAL`` (a lost answer is repaired by re-sending the same key, as for
-postonce). Each caller is woken with ``call_soon_threadsafe`` once its
-transaction has committed.
+intents. It batches as postonce's store thread does: the writes of one loop
+turn are handed over together at the turn's end, and the callers of a turn
+are woken with one ``call_soon_threadsafe`` once their transaction has
+committed. A transaction holding any write-ahead is committed with the arm's
+``synchronous``; one of answers only with ``NORMAL`` (a lost answer is
+repaired by re-sending the same key, as for postonce). ``batches`` and
+``writes`` count the transactions and the writes in them.
+
+It serves one event loop (the benchmark's).
 
 What it leaves out, on purpose: references and their conflicts (every call is
 its own intent), retries, classification, leases, horizons, fingerprints,
@@ -46,17 +50,20 @@ __all__ = ["AsyncFloor"]
 _INSERT = "INSERT INTO intents (key, method, url, body) VALUES (?, 'POST', ?, ?)"
 _ANSWER = "UPDATE intents SET status = ?, response = ? WHERE id = ?"
 
-# (statement, parameters, write-ahead?, the caller's loop, the caller's future)
-_Write = tuple[str, tuple[Any, ...], bool, asyncio.AbstractEventLoop, "asyncio.Future[int]"]
+# (statement, parameters, write-ahead?, the caller's future)
+_Write = tuple[str, tuple[Any, ...], bool, "asyncio.Future[int]"]
+# one loop turn's writes, and the loop to wake
+_Turn = tuple[asyncio.AbstractEventLoop, list[_Write]]
 
 
-def _settle(future: asyncio.Future[int], result: int | BaseException) -> None:
-    if future.done():  # the caller was cancelled meanwhile
-        return
-    if isinstance(result, BaseException):
-        future.set_exception(result)
-    else:
-        future.set_result(result)
+def _settle(batch: list[_Write], results: list[int | BaseException]) -> None:
+    for (_, _, _, future), result in zip(batch, results, strict=True):
+        if future.done():  # the caller was cancelled meanwhile
+            continue
+        if isinstance(result, BaseException):
+            future.set_exception(result)
+        else:
+            future.set_result(result)
 
 
 class AsyncFloor:
@@ -71,7 +78,8 @@ class AsyncFloor:
         self._sync: str = "NORMAL"
         for statement in SCHEMA:
             self._conn.execute(statement)
-        self._queue: queue.SimpleQueue[_Write | None] = queue.SimpleQueue()
+        self._pending: list[_Write] = []  # this loop turn's writes, not yet handed over
+        self._queue: queue.SimpleQueue[_Turn | None] = queue.SimpleQueue()
         self.batches = 0  # transactions committed: group commit at work when < writes
         self.writes = 0
         self._writer = threading.Thread(target=self._write_loop, name="floor-writer", daemon=True)
@@ -91,51 +99,67 @@ class AsyncFloor:
         return response
 
     def _write(self, sql: str, params: tuple[Any, ...], *, ahead: bool) -> asyncio.Future[int]:
+        """Queue a write; this loop turn's writes reach the writer together, at the turn's end."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[int] = loop.create_future()
-        self._queue.put((sql, params, ahead, loop, future))
+        self._pending.append((sql, params, ahead, future))
+        if len(self._pending) == 1:
+            loop.call_soon(self._hand_over, loop)
         return future
 
+    def _hand_over(self, loop: asyncio.AbstractEventLoop) -> None:
+        turn, self._pending = self._pending, []
+        self._queue.put((loop, turn))
+
     def _write_loop(self) -> None:
-        conn = self._conn
         while True:
             first = self._queue.get()
             if first is None:
                 return
-            batch = [first]
+            turns = [first]
             stop = False
             while True:
                 try:
-                    item = self._queue.get_nowait()
+                    more = self._queue.get_nowait()
                 except queue.Empty:
                     break
-                if item is None:
+                if more is None:
                     stop = True
                     break
-                batch.append(item)
-            wanted = self.synchronous if any(write[2] for write in batch) else "NORMAL"
-            results: list[int | BaseException] = []
-            try:
-                if wanted != self._sync:
-                    conn.execute(f"PRAGMA synchronous = {wanted}")
-                    self._sync = wanted
-                conn.execute("BEGIN IMMEDIATE")
-                for sql, params, _, _, _ in batch:
-                    try:
-                        results.append(conn.execute(sql, params).lastrowid or 0)
-                    except sqlite3.Error as exc:  # that statement alone is undone
-                        results.append(exc)
-                conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                results = [exc] * len(batch)
+                turns.append(more)
+            batch = [write for _, writes in turns for write in writes]
+            results = self._commit(batch)
             self.batches += 1
             self.writes += len(batch)
-            for (_, _, _, loop, future), result in zip(batch, results, strict=True):
-                loop.call_soon_threadsafe(_settle, future, result)
+            # One wake-up per turn handed over (the floor runs on one loop).
+            at = 0
+            for loop, writes in turns:
+                loop.call_soon_threadsafe(_settle, writes, results[at : at + len(writes)])
+                at += len(writes)
             if stop:
                 return
+
+    def _commit(self, batch: list[_Write]) -> list[int | BaseException]:
+        """Run ``batch`` in one transaction, FULL if it holds a write-ahead; one result each."""
+        conn = self._conn
+        wanted = self.synchronous if any(write[2] for write in batch) else "NORMAL"
+        results: list[int | BaseException] = []
+        try:
+            if wanted != self._sync:
+                conn.execute(f"PRAGMA synchronous = {wanted}")
+                self._sync = wanted
+            conn.execute("BEGIN IMMEDIATE")
+            for sql, params, _, _ in batch:
+                try:
+                    results.append(conn.execute(sql, params).lastrowid or 0)
+                except sqlite3.Error as exc:  # that statement alone is undone
+                    results.append(exc)
+            conn.execute("COMMIT")
+        except BaseException as exc:  # the batch fails as one; never a waiter left hanging
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            return [RuntimeError(f"the floor's commit failed: {exc!r}") for _ in batch]
+        return results
 
     def close(self) -> None:
         self._queue.put(None)

@@ -7,9 +7,10 @@ Run from the repository root::
 Candidates, each timed as requests per second (N requests / elapsed seconds):
 
 * ``raw``: ``httpx.AsyncClient.post(url, json=body, headers={"Idempotency-Key": uuid4})``;
-* ``floor``: ``async_floor.AsyncFloor(synchronous="FULL").post_once(url, body)``, the
-  least Python doing the same durable work: a group-committed FULL write-ahead
-  commit on one writer thread, the POST, and the commit of the answer;
+* ``floor``: ``async_floor.AsyncFloor(synchronous="FULL").post_once(url, body)``: the
+  same durable work with none of postonce's features: a FULL write-ahead commit,
+  group-committed per loop turn on one writer thread as postonce's are, the
+  POST, and the commit of the answer;
 * ``postonce``: ``postonce.AsyncClient(durability="full").post_once(url, json=body)``,
   a new intent per call (no ``intent=``): one group-committed FULL write-ahead
   commit on the outbox's writer thread, the POST, and the commit of the answer.
@@ -20,20 +21,23 @@ and ``httpx_aiohttp.AiohttpTransport(limits=...)``, with
 
 Each candidate run sends N requests from C concurrent tasks (an anyio task
 group whose C workers pull from one shared counter), after an untimed warm-up
-on the same client. Every run gets a fresh httpx client and, for postonce, a
-fresh outbox in a fresh directory. Runs are interleaved: for each repeat and
+on the same client. Every run gets a fresh httpx client and, for postonce and
+the floor, a fresh outbox in a fresh directory. Runs are interleaved: for each repeat and
 each concurrency level, the six candidates run in an order shuffled by a
 seeded RNG, so drift hits all of them alike.
 
-The table shows, per level and transport, raw's and postonce's req/s as
-min/median/max over the repeats (``UNSTABLE`` when they differ by more than
-30%), and postonce/raw computed within each repeat. It then checks the raw
+The table shows, per level and transport, raw's, the floor's and postonce's
+req/s as min/median/max over the repeats (``UNSTABLE`` when they differ by
+more than 30%), and postonce/raw, floor/raw and postonce/floor computed within
+each repeat. It then checks the raw
 arm itself: if raw at the highest level falls below 0.8x raw at the lowest,
 it is FLAGGED, because its own pool is the limit (httpcore's pool on httpx's
 default transport collapses at c=64 on this loopback server) and a ratio
 against it says nothing about postonce; the best level of each is compared
-instead. Nothing is ever called "faster than raw". The writer thread's
-``calls/batch`` over the last timed postonce run shows group commit at work.
+instead. Nothing is ever called "faster than raw". ``calls/batch`` (postonce's
+writer thread) and ``floor w/batch`` over the last timed run of each show
+their group commits side by side: a floor that batched less would pay more
+fsyncs and flatter postonce.
 
 The server is ``bench_sync.py``'s raw asyncio HTTP/1.1 keep-alive server in
 its own process, pinned to the second available CPU; this process pins itself
@@ -140,7 +144,10 @@ async def pool(call: Callable[[], Awaitable[None]], requests: int, concurrency: 
             group.start_soon(worker)
 
 
-def _counters(client: postonce.AsyncClient | None) -> tuple[int, int]:
+def _counters(client: postonce.AsyncClient | AsyncFloor | None) -> tuple[int, int]:
+    """Transactions and the store calls (writes) in them, so far: group commit at work."""
+    if isinstance(client, AsyncFloor):
+        return client.batches, client.writes
     if client is None or client._thread is None:
         return 0, 0
     return client._thread.batches, client._thread.calls
@@ -157,7 +164,7 @@ async def run_candidate(
     """One fresh client: warm up (untimed), then time ``requests`` calls."""
     http = make_http(candidate.transport, concurrency)
     client: postonce.AsyncClient | None = None
-    closing: list[Callable[[], None]] = []
+    floor: AsyncFloor | None = None
     who = f"{candidate.name} c={concurrency}"
     try:
         call: Callable[[], Awaitable[None]]
@@ -174,11 +181,10 @@ async def run_candidate(
             floordir = Path(
                 tempfile.mkdtemp(prefix=f"f{concurrency}-{candidate.transport}-", dir=workdir)
             )
-            floor = AsyncFloor(floordir / "floor.sqlite3", "FULL", http)
-            closing.append(floor.close)
+            floor = made = AsyncFloor(floordir / "floor.sqlite3", "FULL", http)
 
             async def floor_call() -> None:
-                _check(await floor.post_once(url, BODY), who)
+                _check(await made.post_once(url, BODY), who)
 
             call = floor_call
         else:
@@ -194,12 +200,12 @@ async def run_candidate(
             call = postonce_call
         if warmup:
             await pool(call, warmup, concurrency)
-        batches_before, calls_before = _counters(client)
+        batches_before, calls_before = _counters(client or floor)
         gc.collect()
         started = time.perf_counter()
         await pool(call, requests, concurrency)
         elapsed = time.perf_counter() - started
-        batches_after, calls_after = _counters(client)
+        batches_after, calls_after = _counters(client or floor)
         return RunResult(
             requests / elapsed, batches_after - batches_before, calls_after - calls_before
         )
@@ -207,8 +213,8 @@ async def run_candidate(
         with anyio.CancelScope(shield=True):
             if client is not None:
                 await client.aclose()  # http= is ours: postonce leaves it open
-            for close in closing:
-                close()
+            if floor is not None:
+                floor.close()
             await http.aclose()
 
 
@@ -300,12 +306,14 @@ def report(results: Results, levels: Sequence[int]) -> None:
     print(
         f"{'conc':>4}  {'transport':<9}{'raw req/s':>24}{'floor req/s':>24}"
         f"{'postonce req/s':>24}{'postonce/raw':>24}{'floor/raw':>24}"
-        f"{'postonce/floor':>24}{'calls/batch':>13}"
+        f"{'postonce/floor':>24}{'calls/batch':>13}{'floor w/batch':>15}"
     )
     for concurrency in levels:
         for transport in TRANSPORTS:
             last = results.last[(concurrency, Candidate("postonce", transport))]
             per_batch = last.calls / last.batches if last.batches else 0.0
+            lf = results.last[(concurrency, Candidate("floor", transport))]
+            floor_per_batch = lf.calls / lf.batches if lf.batches else 0.0
             print(
                 f"{concurrency:>4}  {transport:<9}"
                 f"{rates(results, concurrency, 'raw', transport).text():>24}"
@@ -314,12 +322,13 @@ def report(results: Results, levels: Sequence[int]) -> None:
                 f"{ratio_spread(results, concurrency, transport).text('.2f'):>24}"
                 f"{ratio_spread(results, concurrency, transport, 'floor').text('.2f'):>24}"
                 f"{ratio_spread(results, concurrency, transport, against='floor').text('.2f'):>24}"
-                f"{per_batch:>13.1f}"
+                f"{per_batch:>13.1f}{floor_per_batch:>15.1f}"
             )
     print(
         "(req/s: min/median/max over the repeats, UNSTABLE when they differ by > 30%; ratios "
-        "computed within each repeat; floor: async_floor.py, the least Python doing the same "
-        "FULL write-ahead and answer commits; calls/batch: postonce's writer thread, last run)"
+        "computed within each repeat; floor: async_floor.py, the same FULL write-ahead and "
+        "answer commits, group-committed as postonce's, with no other feature; calls/batch "
+        "and floor w/batch: store calls per transaction in the last run of each)"
     )
     print()
     low, top = min(levels), max(levels)
