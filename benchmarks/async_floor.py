@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import queue
 import sqlite3
 import threading
@@ -43,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from floor import SCHEMA, Synchronous, _connect
+from floor import Synchronous, open_floor
 
 __all__ = ["AsyncFloor"]
 
@@ -70,14 +69,10 @@ class AsyncFloor:
     """A minimal durable async client: group-committed write-ahead, raw send, answer commit."""
 
     def __init__(self, path: Path, synchronous: Synchronous, http: httpx.AsyncClient) -> None:
-        if not path.exists():
-            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))
         self.synchronous = synchronous
         self.http = http
-        self._conn = _connect(path, "NORMAL")
+        self._conn = open_floor(path, "NORMAL")
         self._sync: str = "NORMAL"
-        for statement in SCHEMA:
-            self._conn.execute(statement)
         self._pending: list[_Write] = []  # this loop turn's writes, not yet handed over
         self._queue: queue.SimpleQueue[_Turn | None] = queue.SimpleQueue()
         self.batches = 0  # transactions committed: group commit at work when < writes

@@ -48,7 +48,7 @@ from typing import Any, Literal
 
 import httpx
 
-__all__ = ["SCHEMA", "Floor", "Synchronous"]
+__all__ = ["SCHEMA", "Floor", "Synchronous", "open_floor"]
 
 Synchronous = Literal["NORMAL", "FULL"]
 
@@ -80,18 +80,24 @@ def _connect(path: Path, synchronous: Synchronous) -> sqlite3.Connection:
     return conn
 
 
+def open_floor(path: Path, synchronous: Synchronous) -> sqlite3.Connection:
+    """The floor's outbox at ``path`` (created 0600, as postonce's), schema in place."""
+    if not path.exists():
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))
+    conn = _connect(path, synchronous)
+    for statement in SCHEMA:
+        conn.execute(statement)
+    return conn
+
+
 class Floor:
     """A minimal durable client: write-ahead commit, raw httpx send, answer commit."""
 
     def __init__(self, path: Path, synchronous: Synchronous, http: httpx.Client) -> None:
-        if not path.exists():
-            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))
         self.path = path
         self.synchronous = synchronous
         self.http = http
-        self._ahead = _connect(path, synchronous)
-        for statement in SCHEMA:
-            self._ahead.execute(statement)
+        self._ahead = open_floor(path, synchronous)
         # The answer may be a NORMAL commit: a lost one is repaired by re-sending
         # the same key (the provider replays), as for postonce.
         self._answer = self._ahead if synchronous == "NORMAL" else _connect(path, "NORMAL")

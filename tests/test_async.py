@@ -20,8 +20,9 @@ from httpx_aiohttp import AiohttpTransport
 
 import postonce
 from postonce import SQLiteStore, State
+from postonce._outbox.locate import open_store
 from postonce._outbox.threaded import StoreThread
-from tests.conftest import FAST, LoopbackServer, pg_schema
+from tests.conftest import FAST, LoopbackServer, OutboxUnderTest, pg_schema
 
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
 
@@ -112,34 +113,45 @@ def test_no_sql_runs_on_the_event_loop_thread(outbox_path: Path) -> None:
 
 
 def test_cancelled_mid_send_leaves_the_intent_pending_and_unleased(
-    server: LoopbackServer, outbox_path: Path
+    server: LoopbackServer, outbox: OutboxUnderTest
 ) -> None:
-    """A task cancelled while its request is at the server: ambiguous, pending, lease released."""
+    """A task cancelled while its request is at the server: ambiguous, pending, lease released.
+
+    On every outbox: on PostgreSQL the calls run on the store's workers, not in
+    SQLite's batches, and the clean-up's record must still land.
+    """
 
     async def main() -> str:
-        async with postonce.AsyncClient(server.base_url, outbox=outbox_path, retry=FAST) as client:
-            with anyio.move_on_after(0.5):
+        async with postonce.AsyncClient(server.base_url, outbox=outbox, retry=FAST) as client:
+            await client.lookup("cx")  # the outbox opened (and migrated) before the clock starts
+            with anyio.move_on_after(0.5) as scope:
                 await client.post_once(
                     "/ietf/v1/charges", json={"amount": 1, "_test": {"delay": 1.0}}, intent="cx"
                 )
+            assert scope.cancelled_caught
             record = await client.lookup("cx")
             assert record is not None
             return record.key
 
     key = run(main)
-    store = SQLiteStore(outbox_path)
-    record = store.get("cx")
-    attempts = store.attempts("cx")
-    store.close()
+    store = open_store(outbox)
+    try:
+        record = store.get("cx")
+        attempts = store.attempts("cx")
+    finally:
+        store.close()
     assert record is not None
     assert record.state is State.PENDING
     assert record.lease_owner is None
-    assert record.first_delivery_at is not None
+    assert record.first_delivery_at is not None  # it may have been delivered: the horizon runs
     assert [a.outcome.value for a in attempts] == ["ambiguous"]
-    time.sleep(0.6)  # the server finishes the charge it was given
+    deadline = time.monotonic() + 10
+    while not server.effects_for(key):  # the server finishes the charge it was given
+        assert time.monotonic() < deadline, "the server never finished the charge"
+        time.sleep(0.05)
 
     async def finish() -> postonce.DrainReport:
-        async with postonce.AsyncClient(server.base_url, outbox=outbox_path, retry=FAST) as c:
+        async with postonce.AsyncClient(server.base_url, outbox=outbox, retry=FAST) as c:
             return await c.drain()
 
     report = run(finish)

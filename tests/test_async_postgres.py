@@ -3,8 +3,9 @@
 On PostgreSQL an AsyncClient's store calls run side by side on worker threads
 (``StoreThread``), not in the one writer's batches SQLite gets. These tests
 take the real path (a loopback server, the real PostgreSQL) and stop the call
-at its worst moments: while the server holds its request, while its answer's
-record is running on a worker, and while the client is being closed.
+at its worst moments: while its answer's record is running on a worker, and
+while the client is being closed. (A cancel while the server holds the request
+is tested on every outbox in test_async.py.)
 """
 
 from __future__ import annotations
@@ -70,47 +71,6 @@ def stored(url: str, intent: str) -> tuple[postonce.IntentRecord, list[str]]:
         return record, [a.outcome.value for a in store.attempts(intent)]
     finally:
         store.close()
-
-
-def finished_charge(server: LoopbackServer, key: str) -> None:
-    """Wait (at most 10 s) until the server has executed the charge of ``key``."""
-    deadline = time.monotonic() + 10
-    while not server.effects_for(key):
-        assert time.monotonic() < deadline, "the server never finished the charge"
-        time.sleep(0.05)
-
-
-def test_cancelled_mid_send_on_postgresql_is_pending_unleased_and_drained_once(
-    server: LoopbackServer, pg_outbox: str
-) -> None:
-    """A task cancelled while the server holds its request: ambiguous, pending, lease released."""
-
-    async def main() -> str:
-        async with postonce.AsyncClient(server.base_url, outbox=pg_outbox, retry=FAST) as client:
-            await client.lookup("cx")  # the outbox opened (and migrated) before the clock starts
-            with anyio.move_on_after(0.5) as scope:
-                await client.post_once(
-                    CHARGES, json={"amount": 1, "_test": {"delay": 1.0}}, intent="cx"
-                )
-            assert scope.cancelled_caught
-            record = await client.lookup("cx")
-            assert record is not None
-            return record.key
-
-    key = run(main)
-    record, outcomes = stored(pg_outbox, "cx")
-    assert (record.state, record.lease_owner) == (State.PENDING, None)
-    assert record.first_delivery_at is not None  # it may have been delivered: the horizon runs
-    assert outcomes == ["ambiguous"]
-    finished_charge(server, key)  # the server finishes the charge it was given
-
-    async def finish() -> postonce.DrainReport:
-        async with postonce.AsyncClient(server.base_url, outbox=pg_outbox, retry=FAST) as c:
-            return await c.drain()
-
-    report = run(finish)
-    assert (report.succeeded, report.replayed) == (1, 1)
-    assert len(server.effects_for(key)) == 1
 
 
 def test_cancelled_mid_record_on_postgresql_keeps_the_answer(
