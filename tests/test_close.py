@@ -11,6 +11,7 @@ does, and only then closes; later calls are refused before anything is stored.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
@@ -38,6 +39,14 @@ def stored_state(outbox: OutboxUnderTest, intent: str) -> tuple[State, str | Non
         store.close()  # a MemoryOutbox keeps its data
 
 
+def drain_under_way(client: postonce.Client | postonce.AsyncClient) -> None:
+    """Wait (at most 5 s) until a drain of ``client`` has begun and close() can stop it."""
+    deadline = time.monotonic() + 5
+    while not client._drain_stops:
+        assert time.monotonic() < deadline, "the drain never began"
+        time.sleep(0.01)
+
+
 def test_close_waits_for_a_call_under_way_and_keeps_its_answer(outbox: OutboxUnderTest) -> None:
     """close() from another thread while a send is at the server: the call ends as usual first."""
     sending, release = threading.Event(), threading.Event()
@@ -50,11 +59,12 @@ def test_close_waits_for_a_call_under_way_and_keeps_its_answer(outbox: OutboxUnd
     client = postonce.Client(BASE, outbox=outbox, retry=FAST, transport=httpx.MockTransport(slow))
     answers: list[httpx.Response] = []
     call = threading.Thread(
-        target=lambda: answers.append(client.post_once("/c", json={}, intent="under-way"))
+        target=lambda: answers.append(client.post_once("/c", json={}, intent="under-way")),
+        daemon=True,
     )
     call.start()
     assert sending.wait(5)
-    closing = threading.Thread(target=client.close)
+    closing = threading.Thread(target=client.close, daemon=True)
     closing.start()
     closing.join(0.3)
     assert closing.is_alive(), "close() did not wait for the call under way"
@@ -119,11 +129,11 @@ def test_close_stops_a_forever_drain(outbox: OutboxUnderTest) -> None:
     client = postonce.Client(BASE, outbox=outbox, retry=FAST, transport=answer)
     reports: list[postonce.DrainReport] = []
     drain = threading.Thread(
-        target=lambda: reports.append(client.drain(forever=True, interval=0.05))
+        target=lambda: reports.append(client.drain(forever=True, interval=0.05)), daemon=True
     )
     drain.start()
-    time.sleep(0.2)
-    closing = threading.Thread(target=client.close)
+    drain_under_way(client)
+    closing = threading.Thread(target=client.close, daemon=True)
     closing.start()
     closing.join(5)
     drain.join(5)
@@ -150,7 +160,7 @@ def test_aclose_stops_a_forever_drain(outbox: OutboxUnderTest) -> None:
         with anyio.fail_after(10):
             async with anyio.create_task_group() as group:
                 group.start_soon(drain)
-                await anyio.sleep(0.2)
+                await anyio.to_thread.run_sync(drain_under_way, client)
                 await client.aclose()
         assert len(reports) == 1
 
@@ -211,3 +221,124 @@ def test_aclose_inside_the_clients_own_call_is_refused_not_a_deadlock(tmp_path: 
     runner.start()
     runner.join(10)
     assert finished.is_set(), "aclose() inside the call deadlocked or raised nothing"
+
+
+def test_a_cancelled_aclose_still_lets_go_of_everything(tmp_path: object) -> None:
+    """aclose() cancelled while it waits for a call: the httpx client, thread and outbox go."""
+
+    async def main() -> None:
+        sending, never = anyio.Event(), anyio.Event()
+
+        async def stuck(request: httpx.Request) -> httpx.Response:
+            sending.set()
+            await never.wait()
+            return httpx.Response(201)
+
+        client = postonce.AsyncClient(
+            BASE, outbox=f"{tmp_path}/o.sqlite3", retry=FAST, transport=httpx.MockTransport(stuck)
+        )
+        ends: list[str] = []
+
+        async def call() -> None:
+            try:
+                await client.post_once("/c", json={}, intent="stuck")
+            except postonce.OutboxError:
+                # Its clean-up record found the outbox let go of: the intent stays
+                # leased until the lease runs out, then a drain sends it again.
+                ends.append("outbox let go")
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as group:
+                group.start_soon(call)
+                await sending.wait()
+                with anyio.move_on_after(0.2) as scope:
+                    await client.aclose()
+                assert scope.cancelled_caught  # it was still waiting for the call
+                assert client._http.is_closed
+                assert client._thread is None
+                assert client._store is None
+                group.cancel_scope.cancel()
+            await client.aclose()  # a repeat is harmless
+        assert ends == ["outbox let go"]
+
+    anyio.run(main)
+
+
+def test_aclose_from_another_event_loop_stops_a_drain_at_once(tmp_path: object) -> None:
+    """A drain on one loop (thread), aclose() on another: it ends now, not at its interval."""
+    answer = httpx.MockTransport(lambda r: httpx.Response(201))
+    client = postonce.AsyncClient(
+        BASE, outbox=f"{tmp_path}/o.sqlite3", retry=FAST, transport=answer
+    )
+    reports: list[postonce.DrainReport] = []
+    ended = threading.Event()
+
+    async def drain() -> None:
+        reports.append(await client.drain(forever=True, interval=30.0))
+        ended.set()
+
+    drainer = threading.Thread(target=anyio.run, args=(drain,), daemon=True)
+    drainer.start()
+    drain_under_way(client)
+    began = time.monotonic()
+    anyio.run(client.aclose)
+    assert ended.wait(10), "the drain did not stop"
+    assert time.monotonic() - began < 5  # far below its 30 s interval
+    drainer.join(5)
+    assert len(reports) == 1
+
+
+def test_aclose_in_a_task_that_outlived_its_call_is_allowed(tmp_path: object) -> None:
+    """A task started inside a call inherits its context; after the call, it may close."""
+
+    async def main() -> None:
+        outcome: list[str] = []
+
+        async def later() -> None:
+            await anyio.sleep(0.2)  # the call that started this task is over by now
+            try:
+                await client.aclose()
+                outcome.append("closed")
+            except postonce.ConfigurationError as exc:
+                outcome.append(str(exc))
+
+        tasks: list[asyncio.Task[None]] = []
+
+        async def starting(request: httpx.Request) -> httpx.Response:
+            tasks.append(asyncio.get_running_loop().create_task(later()))
+            return httpx.Response(201)
+
+        client = postonce.AsyncClient(
+            BASE,
+            outbox=f"{tmp_path}/o.sqlite3",
+            retry=FAST,
+            transport=httpx.MockTransport(starting),
+        )
+        with anyio.fail_after(10):
+            await client.post_once("/c", json={}, intent="starts-a-task")
+            await tasks[0]
+        assert outcome == ["closed"]
+
+    anyio.run(main)
+
+
+def test_close_leaves_a_callers_own_stop_event_alone(outbox: OutboxUnderTest) -> None:
+    """A drain given the caller's stop= ends on close(), at its next look; the event stays unset."""
+    answer = httpx.MockTransport(lambda r: httpx.Response(201))
+    client = postonce.Client(BASE, outbox=outbox, retry=FAST, transport=answer)
+    theirs = threading.Event()  # say, the application's shutdown event
+    drain = threading.Thread(
+        target=lambda: client.drain(forever=True, interval=0.1, stop=theirs), daemon=True
+    )
+    drain.start()
+    deadline = time.monotonic() + 5
+    while not client._busy:
+        assert time.monotonic() < deadline, "the drain never began"
+        time.sleep(0.01)
+    closing = threading.Thread(target=client.close, daemon=True)
+    closing.start()
+    closing.join(5)
+    drain.join(5)
+    assert not drain.is_alive(), "the drain did not stop on close()"
+    assert not closing.is_alive()
+    assert not theirs.is_set()

@@ -15,6 +15,8 @@ from collections.abc import Callable, Collection, Generator, Sequence
 from typing import Any, Literal
 
 import anyio
+import anyio.from_thread
+import anyio.lowlevel
 import httpx
 from typing_extensions import Unpack
 
@@ -56,6 +58,24 @@ from ._wire import HeaderInput
 from .providers import Provider
 
 __all__ = ["AsyncClient"]
+
+
+def _stopper(stop: anyio.Event) -> Callable[[], None]:
+    """``stop.set`` as any thread or event loop can call it: run on the current loop."""
+    token = anyio.lowlevel.current_token()
+
+    def stop_now() -> None:
+        try:
+            here: anyio.lowlevel.EventLoopToken | None = anyio.lowlevel.current_token()
+        except Exception:  # no event loop in this thread
+            here = None
+        if here == token:
+            stop.set()
+        else:
+            anyio.from_thread.run_sync(stop.set, token=token)
+
+    return stop_now
+
 
 logger = logging.getLogger("postonce")
 
@@ -130,7 +150,7 @@ class AsyncClient(BaseClient):
     # -- the outbox ----------------------------------------------------------
 
     async def _store_thread(self) -> StoreThread:
-        self._check_open()
+        self._check_open(released=True)
         if self._thread is None:
             # One opener: many tasks arriving at once must not each start a thread.
             if self._opening is None:
@@ -176,13 +196,13 @@ class AsyncClient(BaseClient):
         """
         prepared, sender, new = self._plan(method, url, **options)
         try:
-            token = self._begin_call()
+            ticket = self._begin_call()
         except PostonceError as exc:
             raise named(exc, prepared.reference, prepared.key) from exc
         try:
             return await self._request(prepared.reference, prepared.key, sender, new)
         finally:
-            self._end_call(token)
+            self._end_call(ticket)
 
     async def _request(
         self, reference: str, key: str, sender: Sender, new: NewIntent
@@ -402,13 +422,20 @@ class AsyncClient(BaseClient):
         if concurrency < 1 or interval <= 0:
             raise ConfigurationError("drain needs concurrency >= 1 and interval > 0")
         self._check_drain()
-        stop = stop if stop is not None else anyio.Event()
+        # As Client.drain: close() stops a drain at once through its own event
+        # (from any thread or loop), and never sets an event the caller passed.
+        stop_now = None
+        if stop is None:
+            stop = anyio.Event()
+            stop_now = _stopper(stop)
         with self._in_call():
-            self._drain_begins(stop)
+            if stop_now is not None:
+                self._drain_begins(stop_now)
             try:
                 return await self._drain(forever, interval, concurrency, stop, progress)
             finally:
-                self._drain_ends(stop)
+                if stop_now is not None:
+                    self._drain_ends(stop_now)
 
     async def _drain(
         self,
@@ -436,7 +463,7 @@ class AsyncClient(BaseClient):
 
         async def process(opened: Opened, turn: Turn) -> None:
             record = opened.record
-            if stop.is_set():
+            if stop.is_set() or self._closed:
                 await self._drive(self._release_flow(opened), thread, record.reference, "")
                 tally.add("pending")
                 return
@@ -448,7 +475,7 @@ class AsyncClient(BaseClient):
                 outcome = exc
             count_outcome(tally, outcome)
 
-        while not stop.is_set():
+        while not (stop.is_set() or self._closed):
             passed = time.monotonic()
             await self._adopt(thread)
             call = self._claim_call(self._clock() if forever else started - JUST_BEFORE, batch)
@@ -490,24 +517,43 @@ class AsyncClient(BaseClient):
     async def aclose(self) -> None:
         """Close the httpx client, the writer thread and the outbox this client opened.
 
-        Calls under way (other tasks) finish first, as they would have; drains
-        under way stop as on ``stop.set()``. The client is then closed for
-        good: a later call raises ConfigurationError before anything is stored
-        or sent. Raises ConfigurationError inside one of this client's own
-        calls (a hook, ``on_settled``), where it would wait for itself.
+        Calls under way (other tasks) finish first, as they would have, retry
+        waits included; drains under way stop as on ``stop.set()`` (one given
+        its own ``stop=`` event at its next look, within its interval: that
+        event is not set). Cancelled while it waits, it still lets go of
+        everything. The client is then closed for good: a later call raises
+        ConfigurationError before anything is stored or sent. Raises
+        ConfigurationError inside one of this client's own calls (a hook,
+        ``on_settled``), where it would wait for itself.
         """
-        if not self._closing():
-            return
-        await anyio.to_thread.run_sync(self._wait_idle)
+        self._closing()
+        try:
+            # A limiter of its own: the calls it waits for need the shared worker threads.
+            # Cancelled, it stops waiting (the thread waits on, harmlessly) and lets go.
+            await anyio.to_thread.run_sync(
+                self._wait_idle, abandon_on_cancel=True, limiter=anyio.CapacityLimiter(1)
+            )
+        finally:  # cancelled or not, and again on a repeat aclose: let go of everything
+            with anyio.CancelScope(shield=True):
+                await self._release()
+
+    async def _release(self) -> None:
+        with self._open_lock:
+            self._released = True
         if self._owns_http:
             await self._http.aclose()
         self._heartbeat.close()
         if self._thread is not None:
             thread, self._thread = self._thread, None
             await anyio.to_thread.run_sync(thread.close)
-        if self._owns_store and self._store is not None:
+        if self._owns_store:
+            await anyio.to_thread.run_sync(self._close_store)
+
+    def _close_store(self) -> None:
+        with self._open_lock:  # never while another thread opens it
             store, self._store = self._store, None
-            await anyio.to_thread.run_sync(store.close)
+        if store is not None:
+            store.close()
 
     async def __aenter__(self) -> AsyncClient:
         return self

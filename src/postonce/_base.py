@@ -208,10 +208,13 @@ def named(exc: PostonceError, reference: str, key: str) -> PostonceError:
     return renamed
 
 
-#: The clients whose calls run in this context (thread or task): close() there would deadlock.
-_IN_CALL: contextvars.ContextVar[tuple[int, ...]] = contextvars.ContextVar(
+#: Marks of the calls this context (thread or task) runs inside: a close() of a
+#: client with one of them still under way would wait for itself. A task started
+#: inside a call copies the marks; once that call has ended they mean nothing.
+_IN_CALL: contextvars.ContextVar[tuple[object, ...]] = contextvars.ContextVar(
     "postonce_in_call", default=()
 )
+_CallTicket = tuple[contextvars.Token[tuple[object, ...]], object]
 
 
 class BaseClient:
@@ -291,12 +294,14 @@ class BaseClient:
         )
         self._owns_store = self._store is None
         self._adopted = False  # intents of no sender taken on (once per store)
-        self._open_lock = threading.Lock()
-        self._closed = False  # close() / aclose() ends a client for good
+        self._open_lock = threading.RLock()  # opening the store, and closing it
+        self._closed = False  # close() / aclose() ends a client for good: no new calls
+        self._released = False  # ... and then lets go of its httpx client and outbox
         self._busy = 0  # this client's calls under way: close() waits for them
         self._busy_lock = threading.Lock()
         self._idle = threading.Condition(self._busy_lock)
-        self._drain_stops: list[Any] = []  # the stop events of drains under way
+        self._live: set[object] = set()  # a mark per call under way (see _IN_CALL)
+        self._drain_stops: list[Callable[[], None]] = []  # stop the drains under way
         self._owner = new_owner()  # host, boot, pid and start time: others can tell it died
         self._owner_pid = os.getpid()
         self._clock: Callable[[], float] = clock if clock is not None else time.time
@@ -413,60 +418,65 @@ class BaseClient:
 
     # -- the outbox ----------------------------------------------------------
 
-    def _begin_call(self) -> contextvars.Token[tuple[int, ...]]:
+    def _begin_call(self) -> _CallTicket:
         """Count a call under way (close() waits for it); refused once the client is closed."""
+        mark = object()
         with self._busy_lock:
             self._check_open()
             self._busy += 1
-        return _IN_CALL.set((*_IN_CALL.get(), id(self)))
+            self._live.add(mark)
+        return _IN_CALL.set((*_IN_CALL.get(), mark)), mark
+
+    def _end_call(self, ticket: _CallTicket) -> None:
+        token, mark = ticket
+        with self._busy_lock:  # first: a reset that failed must not leave close() waiting
+            self._busy -= 1
+            self._live.discard(mark)
+            if not self._busy:
+                self._idle.notify_all()
+        _IN_CALL.reset(token)
 
     @contextmanager
     def _in_call(self) -> Iterator[None]:
         """:meth:`_begin_call` and :meth:`_end_call` around a block."""
-        token = self._begin_call()
+        ticket = self._begin_call()
         try:
             yield
         finally:
-            self._end_call(token)
+            self._end_call(ticket)
 
-    def _end_call(self, token: contextvars.Token[tuple[int, ...]]) -> None:
-        _IN_CALL.reset(token)
+    def _drain_begins(self, stop_now: Callable[[], None]) -> None:
+        """Let close() stop this drain at once (``stop_now`` sets its own stop event)."""
         with self._busy_lock:
-            self._busy -= 1
-            if not self._busy:
-                self._idle.notify_all()
-
-    def _drain_begins(self, stop: Any) -> None:
-        """Let close() stop this drain (a forever drain would never end by itself)."""
-        with self._busy_lock:
-            self._drain_stops.append(stop)
+            self._drain_stops.append(stop_now)
             closing = self._closed
         if closing:
-            stop.set()
+            stop_now()
 
-    def _drain_ends(self, stop: Any) -> None:
+    def _drain_ends(self, stop_now: Callable[[], None]) -> None:
         with self._busy_lock:
-            self._drain_stops.remove(stop)
+            self._drain_stops.remove(stop_now)
 
-    def _closing(self) -> bool:
-        """Close the client to new calls and stop its drains; False if it was closed already.
+    def _closing(self) -> None:
+        """Close the client to new calls and stop its drains (once; a repeat does nothing).
 
-        Raises ConfigurationError inside one of this client's own calls (a
-        hook, ``on_settled``, ``reconcile``): close() would wait for itself.
+        Raises ConfigurationError inside one of this client's own calls still
+        under way (a hook, ``on_settled``, ``reconcile``): close() would wait
+        for itself.
         """
-        if id(self) in _IN_CALL.get():
+        if any(mark in self._live for mark in _IN_CALL.get()):
             raise ConfigurationError(
                 "close() was called inside one of this client's own calls (a hook, on_settled "
                 "or reconcile); it waits for every call to end, so it would wait for itself"
             )
         with self._busy_lock:
-            if self._closed:
-                return False
+            stops = [] if self._closed else list(self._drain_stops)
             self._closed = True
-            stops = list(self._drain_stops)
-        for stop in stops:
-            stop.set()
-        return True
+        for stop_now in stops:
+            try:
+                stop_now()
+            except Exception as exc:  # that drain has just ended (its event loop with it)
+                logger.debug("close: a drain could not be told to stop: %s", exc)
 
     def _wait_idle(self) -> None:
         """Wait until no call of this client is under way (they finish as usual)."""
@@ -474,14 +484,15 @@ class BaseClient:
             while self._busy:
                 self._idle.wait()
 
-    def _check_open(self) -> None:
-        """Refuse any use of the outbox once the client is closed.
+    def _check_open(self, *, released: bool = False) -> None:
+        """Refuse a new call once the client is closed (``released``: any use of its outbox
+        once close() has let go of it; calls under way until then go on).
 
         Else a call after close would open the outbox again, commit its intent,
         and then fail on the closed httpx client: an intent stored, never sent,
         and recorded as maybe delivered.
         """
-        if self._closed:
+        if self._released if released else self._closed:
             raise ConfigurationError(
                 "this client is closed: nothing was stored or sent; make a new client "
                 "(close() and aclose() end a client for good)"
@@ -489,8 +500,8 @@ class BaseClient:
 
     @property
     def outbox(self) -> Store:
-        """The outbox store, opened on first use."""
-        self._check_open()
+        """The outbox store, opened on first use; closed with the client."""
+        self._check_open(released=True)
         if self._store is None or not self._adopted:
             with self._open_lock:
                 store = self._opened_store()
@@ -500,11 +511,16 @@ class BaseClient:
         return self._store if self._store is not None else store
 
     def _opened_store(self) -> Store:
-        """The store, opened if it is not yet (nothing adopted)."""
-        self._check_open()
-        if self._store is None:
-            self._store = open_store(self._outbox_spec, durability=self._durability)
-        return self._store
+        """The store, opened if it is not yet (nothing adopted).
+
+        Under the lock that closing takes too: a store is never opened after
+        close() has let go of it.
+        """
+        with self._open_lock:
+            self._check_open(released=True)
+            if self._store is None:
+                self._store = open_store(self._outbox_spec, durability=self._durability)
+            return self._store
 
     def _adoption_due(self) -> StoreCall | None:
         """The store call that takes on intents written before senders were kept, until done."""

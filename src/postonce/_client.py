@@ -150,13 +150,13 @@ class Client(BaseClient):
         """
         prepared, sender, new = self._plan(method, url, **options)
         try:
-            token = self._begin_call()
+            ticket = self._begin_call()
         except PostonceError as exc:
             raise named(exc, prepared.reference, prepared.key) from exc
         try:
             return self._request(prepared.reference, prepared.key, sender, new)
         finally:
-            self._end_call(token)
+            self._end_call(ticket)
 
     def _request(self, reference: str, key: str, sender: Sender, new: NewIntent) -> httpx.Response:
         try:
@@ -338,13 +338,19 @@ class Client(BaseClient):
         if concurrency < 1 or interval <= 0:
             raise ConfigurationError("drain needs concurrency >= 1 and interval > 0")
         self._check_drain()
+        # close() stops a drain at once through its own stop event. An event the
+        # caller passed is never set by postonce (it may stop more than this
+        # drain): such a drain sees the close at its next look, within interval.
+        own = stop is None
         stop = stop if stop is not None else threading.Event()
         with self._in_call():
-            self._drain_begins(stop)
+            if own:
+                self._drain_begins(stop.set)
             try:
                 return self._drain(forever, interval, concurrency, stop, progress)
             finally:
-                self._drain_ends(stop)
+                if own:
+                    self._drain_ends(stop.set)
 
     def _drain(
         self,
@@ -390,6 +396,7 @@ class Client(BaseClient):
                 concurrency=concurrency,
                 flows=flows_for(store, concurrency),
                 stop=stop,
+                closed=lambda: self._closed,
                 progress=progress,
                 aftercare=lambda: self._aftercare_quietly(store, tally),
             )
@@ -409,21 +416,29 @@ class Client(BaseClient):
     def close(self) -> None:
         """Close the httpx client and the outbox, where this client opened them.
 
-        Calls under way (in other threads) finish first, as they would have;
-        drains under way stop as on ``stop.set()``. The client is then closed
-        for good: a later call raises ConfigurationError before anything is
-        stored or sent. Raises ConfigurationError inside one of this client's
-        own calls (a hook, ``on_settled``), where it would wait for itself.
+        Calls under way (in other threads) finish first, as they would have,
+        retry waits included; drains under way stop as on ``stop.set()`` (one
+        given its own ``stop=`` event at its next look, within its interval:
+        that event is not set). The client is then closed for good: a later
+        call raises ConfigurationError before anything is stored or sent.
+        Raises ConfigurationError inside one of this client's own calls (a
+        hook, ``on_settled``), where it would wait for itself.
         """
-        if not self._closing():
-            return
-        self._wait_idle()
-        if self._owns_http:
-            self._http.close()
-        self._heartbeat.close()
-        if self._owns_store and self._store is not None:
-            self._store.close()
-            self._store = None
+        self._closing()
+        try:
+            self._wait_idle()
+        finally:  # interrupted (Ctrl-C) or not, and again on a repeat close
+            self._release()
+
+    def _release(self) -> None:
+        with self._open_lock:
+            self._released = True
+            if self._owns_http:
+                self._http.close()
+            self._heartbeat.close()
+            if self._owns_store and self._store is not None:
+                self._store.close()
+                self._store = None
 
     def __enter__(self) -> Client:
         return self

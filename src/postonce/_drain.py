@@ -282,6 +282,7 @@ def run_drain(
     concurrency: int,
     flows: int,
     stop: threading.Event,
+    closed: Callable[[], bool] = lambda: False,
     progress: Callable[[DrainReport], None] | None = None,
     aftercare: Callable[[], None] | None = None,
 ) -> DrainReport:
@@ -292,7 +293,8 @@ def run_drain(
     of them run at once (see :func:`flows_for`), at most ``concurrency`` of
     those between their start and their send's end.
     ``release`` hands back a claim that will not be sent (because the drain
-    is stopping). Without ``forever``, only intents due when the drain started
+    is stopping: ``stop`` is set, or ``closed()`` says its client is). Without
+    ``forever``, only intents due when the drain started
     are taken, so each is sent at most once. ``aftercare`` (reconciliation,
     settlements) runs whenever nothing is due.
     """
@@ -308,7 +310,7 @@ def run_drain(
     def one(opened: Opened) -> None:
         turn = turns.take()
         try:
-            if stop.is_set():
+            if stop.is_set() or closed():
                 release(opened)
                 tally.add("pending")
                 return
@@ -337,7 +339,7 @@ def run_drain(
 
     # Each flow runs in a copy of the caller's context; one flow runs in the caller's thread.
     with ThreadPoolExecutor(max_workers=flows, thread_name_prefix="postonce-drain") as pool:
-        while not stop.is_set():
+        while not (stop.is_set() or closed()):
             passed = time.monotonic()
             claimed = claim_more()
             if claimed is None:
