@@ -39,12 +39,34 @@ def stored_state(outbox: OutboxUnderTest, intent: str) -> tuple[State, str | Non
         store.close()  # a MemoryOutbox keeps its data
 
 
+def held_at_the_server(sending: anyio.Event, release: anyio.Event) -> httpx.MockTransport:
+    """An async transport that says when a request arrived, and answers once ``release`` is set."""
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        sending.set()
+        await release.wait()
+        return httpx.Response(201, json={"id": "ch_1"})
+
+    return httpx.MockTransport(answer)
+
+
 def drain_under_way(client: postonce.Client | postonce.AsyncClient) -> None:
-    """Wait (at most 5 s) until a drain of ``client`` has begun and close() can stop it."""
+    """Wait (at most 5 s) until a drain of ``client`` has begun (counted as a call under way)."""
     deadline = time.monotonic() + 5
-    while not client._drain_stops:
+    while not client._busy:
         assert time.monotonic() < deadline, "the drain never began"
         time.sleep(0.01)
+
+
+def close_beside(client: postonce.Client, drain: threading.Thread) -> None:
+    """close() ``client`` while ``drain`` runs: both end within 5 s (a hang fails, not blocks)."""
+    drain_under_way(client)
+    closing = threading.Thread(target=client.close, daemon=True)
+    closing.start()
+    closing.join(5)
+    drain.join(5)
+    assert not drain.is_alive(), "the drain did not stop on close()"
+    assert not closing.is_alive()
 
 
 def test_close_waits_for_a_call_under_way_and_keeps_its_answer(outbox: OutboxUnderTest) -> None:
@@ -86,14 +108,8 @@ def test_aclose_waits_for_a_call_under_way_and_keeps_its_answer(outbox: OutboxUn
 
     async def main() -> None:
         sending, release = anyio.Event(), anyio.Event()
-
-        async def slow(request: httpx.Request) -> httpx.Response:
-            sending.set()
-            await release.wait()
-            return httpx.Response(201, json={"id": "ch_1"})
-
         client = postonce.AsyncClient(
-            BASE, outbox=outbox, retry=FAST, transport=httpx.MockTransport(slow)
+            BASE, outbox=outbox, retry=FAST, transport=held_at_the_server(sending, release)
         )
         answers: list[httpx.Response] = []
         closed = anyio.Event()
@@ -132,13 +148,7 @@ def test_close_stops_a_forever_drain(outbox: OutboxUnderTest) -> None:
         target=lambda: reports.append(client.drain(forever=True, interval=0.05)), daemon=True
     )
     drain.start()
-    drain_under_way(client)
-    closing = threading.Thread(target=client.close, daemon=True)
-    closing.start()
-    closing.join(5)
-    drain.join(5)
-    assert not drain.is_alive(), "the drain did not stop on close()"
-    assert not closing.is_alive()
+    close_beside(client, drain)
     assert len(reports) == 1
 
 
@@ -228,14 +238,9 @@ def test_a_cancelled_aclose_still_lets_go_of_everything(tmp_path: object) -> Non
 
     async def main() -> None:
         sending, never = anyio.Event(), anyio.Event()
-
-        async def stuck(request: httpx.Request) -> httpx.Response:
-            sending.set()
-            await never.wait()
-            return httpx.Response(201)
-
+        stuck = held_at_the_server(sending, never)
         client = postonce.AsyncClient(
-            BASE, outbox=f"{tmp_path}/o.sqlite3", retry=FAST, transport=httpx.MockTransport(stuck)
+            BASE, outbox=f"{tmp_path}/o.sqlite3", retry=FAST, transport=stuck
         )
         ends: list[str] = []
 
@@ -331,14 +336,5 @@ def test_close_leaves_a_callers_own_stop_event_alone(outbox: OutboxUnderTest) ->
         target=lambda: client.drain(forever=True, interval=0.1, stop=theirs), daemon=True
     )
     drain.start()
-    deadline = time.monotonic() + 5
-    while not client._busy:
-        assert time.monotonic() < deadline, "the drain never began"
-        time.sleep(0.01)
-    closing = threading.Thread(target=client.close, daemon=True)
-    closing.start()
-    closing.join(5)
-    drain.join(5)
-    assert not drain.is_alive(), "the drain did not stop on close()"
-    assert not closing.is_alive()
+    close_beside(client, drain)
     assert not theirs.is_set()
