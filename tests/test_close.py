@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from typing import Any
 
 import anyio
 import httpx
@@ -22,6 +23,7 @@ import pytest
 import postonce
 from postonce import State
 from postonce._outbox.locate import open_store
+from postonce.testing import MemoryOutbox
 from tests.conftest import FAST, OutboxUnderTest
 
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
@@ -58,9 +60,27 @@ def drain_under_way(client: postonce.Client | postonce.AsyncClient) -> None:
         time.sleep(0.01)
 
 
-def close_beside(client: postonce.Client, drain: threading.Thread) -> None:
-    """close() ``client`` while ``drain`` runs: both end within 5 s (a hang fails, not blocks)."""
-    drain_under_way(client)
+def idle_drain_seen(client: postonce.Client | postonce.AsyncClient) -> threading.Event:
+    """An event set when a drain of ``client`` found nothing due and is about to wait.
+
+    (Its aftercare runs right before the wait.) A close before that would be
+    seen by the drain's own check, and would not test that close() stops it.
+    """
+    seen = threading.Event()
+    aftercare = client._aftercare
+
+    def noting(tally: Any) -> Any:
+        seen.set()
+        return aftercare(tally)
+
+    client._aftercare = noting  # type: ignore[method-assign]
+    return seen
+
+
+def close_beside(client: postonce.Client, drain: threading.Thread, idle: threading.Event) -> None:
+    """close() ``client`` while ``drain`` waits idle: both end within 5 s (a hang fails)."""
+    assert idle.wait(5), "the drain never began"
+    time.sleep(0.1)  # into its wait
     closing = threading.Thread(target=client.close, daemon=True)
     closing.start()
     closing.join(5)
@@ -140,20 +160,24 @@ def test_aclose_waits_for_a_call_under_way_and_keeps_its_answer(outbox: OutboxUn
 
 
 def test_close_stops_a_forever_drain(outbox: OutboxUnderTest) -> None:
-    """A drain(forever=True) in another thread ends when its client is closed."""
+    """A drain(forever=True) in another thread ends at once when its client is closed.
+
+    Its interval is long: only close()'s stop, not the drain's next look, ends it in time.
+    """
     answer = httpx.MockTransport(lambda r: httpx.Response(201))
     client = postonce.Client(BASE, outbox=outbox, retry=FAST, transport=answer)
     reports: list[postonce.DrainReport] = []
+    idle = idle_drain_seen(client)
     drain = threading.Thread(
-        target=lambda: reports.append(client.drain(forever=True, interval=0.05)), daemon=True
+        target=lambda: reports.append(client.drain(forever=True, interval=30.0)), daemon=True
     )
     drain.start()
-    close_beside(client, drain)
+    close_beside(client, drain, idle)
     assert len(reports) == 1
 
 
 def test_aclose_stops_a_forever_drain(outbox: OutboxUnderTest) -> None:
-    """An AsyncClient drain(forever=True) ends when its client is closed."""
+    """An AsyncClient drain(forever=True) ends at once when closed from its own loop."""
 
     async def main() -> None:
         client = postonce.AsyncClient(
@@ -163,14 +187,17 @@ def test_aclose_stops_a_forever_drain(outbox: OutboxUnderTest) -> None:
             transport=httpx.MockTransport(lambda r: httpx.Response(201)),
         )
         reports: list[postonce.DrainReport] = []
+        idle = idle_drain_seen(client)
 
         async def drain() -> None:
-            reports.append(await client.drain(forever=True, interval=0.05))
+            reports.append(await client.drain(forever=True, interval=30.0))
 
-        with anyio.fail_after(10):
+        with anyio.fail_after(5):  # far below the drain's interval
             async with anyio.create_task_group() as group:
                 group.start_soon(drain)
-                await anyio.to_thread.run_sync(drain_under_way, client)
+                while not idle.is_set():
+                    await anyio.sleep(0.01)
+                await anyio.sleep(0.1)  # into its wait
                 await client.aclose()
         assert len(reports) == 1
 
@@ -298,9 +325,10 @@ def test_aclose_in_a_task_that_outlived_its_call_is_allowed(tmp_path: object) ->
 
     async def main() -> None:
         outcome: list[str] = []
+        call_over = anyio.Event()
 
         async def later() -> None:
-            await anyio.sleep(0.2)  # the call that started this task is over by now
+            await call_over.wait()  # the call that started this task is over
             try:
                 await client.aclose()
                 outcome.append("closed")
@@ -321,6 +349,7 @@ def test_aclose_in_a_task_that_outlived_its_call_is_allowed(tmp_path: object) ->
         )
         with anyio.fail_after(10):
             await client.post_once("/c", json={}, intent="starts-a-task")
+            call_over.set()
             await tasks[0]
         assert outcome == ["closed"]
 
@@ -332,9 +361,54 @@ def test_close_leaves_a_callers_own_stop_event_alone(outbox: OutboxUnderTest) ->
     answer = httpx.MockTransport(lambda r: httpx.Response(201))
     client = postonce.Client(BASE, outbox=outbox, retry=FAST, transport=answer)
     theirs = threading.Event()  # say, the application's shutdown event
+    idle = idle_drain_seen(client)
     drain = threading.Thread(
         target=lambda: client.drain(forever=True, interval=0.1, stop=theirs), daemon=True
     )
     drain.start()
-    close_beside(client, drain)
+    close_beside(client, drain, idle)
     assert not theirs.is_set()
+
+
+def test_a_send_after_an_interrupted_close_is_refused_typed() -> None:
+    """A retry due after close() let go of the httpx client (Ctrl-C cut its wait): typed error.
+
+    It used to reach the closed httpx client and leave with its bare
+    RuntimeError. The outbox is the caller's (a MemoryOutbox), so it stays open
+    and the intent is kept pending for a drain.
+    """
+    first = threading.Event()
+
+    def busy(request: httpx.Request) -> httpx.Response:
+        first.set()
+        return httpx.Response(503, headers={"Retry-After": "1"})
+
+    outbox = MemoryOutbox()
+    client = postonce.Client(
+        BASE,
+        outbox=outbox,
+        retry=FAST.model_copy(update={"attempts": 3, "wait_max": 2.0, "timeout": 10.0}),
+        transport=httpx.MockTransport(busy),
+    )
+    ends: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            client.post_once("/c", json={}, intent="retrying")
+        except Exception as exc:
+            ends.append(exc)
+
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    assert first.wait(5)  # the call now sleeps before its retry
+    # What close() does when Ctrl-C interrupts its wait: closed, then let go in its finally.
+    client._closing()
+    client._release()
+    caller.join(10)
+    assert not caller.is_alive()
+    (error,) = ends
+    assert isinstance(error, postonce.ConfigurationError), repr(error)
+    assert "closed while the call was under way" in str(error)
+    record = outbox.get("retrying")
+    assert record is not None
+    assert record.state is State.PENDING

@@ -325,3 +325,14 @@ def test_a_holding_block_holds_its_lease_once_and_lets_it_go() -> None:
             assert beat._held == {}
     finally:
         beat.close()
+
+
+def test_a_closed_heartbeat_never_starts_again() -> None:
+    """Closed with its client, a heartbeat starts no thread for a send under way after that."""
+    beat = Heartbeat(every=3600.0, lease_for=15.0, clock=time.time)
+    lease = Lease(1, "token", "owner", time.time() + 15.0)
+    with beat.holding(object(), lease):
+        assert beat._thread is not None
+    beat.close()
+    with beat.holding(object(), lease):
+        assert beat._thread is None

@@ -8,6 +8,7 @@ and on trio through anyio.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import time
@@ -15,8 +16,6 @@ from collections.abc import Callable, Collection, Generator, Sequence
 from typing import Any, Literal
 
 import anyio
-import anyio.from_thread
-import anyio.lowlevel
 import httpx
 from typing_extensions import Unpack
 
@@ -51,7 +50,7 @@ from ._observe import (
 from ._outbox.base import Census, NewIntent, Opened
 from ._outbox.locate import OutboxSpec
 from ._outbox.sqlite import Durability
-from ._outbox.threaded import StoreThread
+from ._outbox.threaded import StoreThread, loop_notifier
 from ._policy import RetryPolicy
 from ._settle import Settlement
 from ._wire import HeaderInput
@@ -60,21 +59,15 @@ from .providers import Provider
 __all__ = ["AsyncClient"]
 
 
-def _stopper(stop: anyio.Event) -> Callable[[], None]:
-    """``stop.set`` as any thread or event loop can call it: run on the current loop."""
-    token = anyio.lowlevel.current_token()
+def _stopper(stop: anyio.Event) -> Callable[[], object]:
+    """``stop.set`` as any thread or event loop can call it: handed to the drain's loop.
 
-    def stop_now() -> None:
-        try:
-            here: anyio.lowlevel.EventLoopToken | None = anyio.lowlevel.current_token()
-        except Exception:  # no event loop in this thread
-            here = None
-        if here == token:
-            stop.set()
-        else:
-            anyio.from_thread.run_sync(stop.set, token=token)
-
-    return stop_now
+    Never waits for that loop (it may be the caller's own, or stopped): the set
+    runs on the loop's next turn. A loop already closed raises, and close()
+    takes that for a drain already over.
+    """
+    notify = loop_notifier()
+    return functools.partial(notify, stop.set)
 
 
 logger = logging.getLogger("postonce")
@@ -331,6 +324,7 @@ class AsyncClient(BaseClient):
                 continue
             try:
                 if isinstance(effect, Send):
+                    self._check_sendable()
                     if turn is not None:
                         turn.sending()
                     try:

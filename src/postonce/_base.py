@@ -301,7 +301,7 @@ class BaseClient:
         self._busy_lock = threading.Lock()
         self._idle = threading.Condition(self._busy_lock)
         self._live: set[object] = set()  # a mark per call under way (see _IN_CALL)
-        self._drain_stops: list[Callable[[], None]] = []  # stop the drains under way
+        self._drain_stops: list[Callable[[], object]] = []  # stop the drains under way
         self._owner = new_owner()  # host, boot, pid and start time: others can tell it died
         self._owner_pid = os.getpid()
         self._clock: Callable[[], float] = clock if clock is not None else time.time
@@ -445,7 +445,7 @@ class BaseClient:
         finally:
             self._end_call(ticket)
 
-    def _drain_begins(self, stop_now: Callable[[], None]) -> None:
+    def _drain_begins(self, stop_now: Callable[[], object]) -> None:
         """Let close() stop this drain at once (``stop_now`` sets its own stop event)."""
         with self._busy_lock:
             self._drain_stops.append(stop_now)
@@ -453,7 +453,7 @@ class BaseClient:
         if closing:
             stop_now()
 
-    def _drain_ends(self, stop_now: Callable[[], None]) -> None:
+    def _drain_ends(self, stop_now: Callable[[], object]) -> None:
         with self._busy_lock:
             self._drain_stops.remove(stop_now)
 
@@ -496,6 +496,19 @@ class BaseClient:
             raise ConfigurationError(
                 "this client is closed: nothing was stored or sent; make a new client "
                 "(close() and aclose() end a client for good)"
+            )
+
+    def _check_sendable(self) -> None:
+        """Refuse a send once close() has let go of the httpx client (a close given up waiting).
+
+        The flow records the intent as maybe delivered (as for any error at the
+        send) and the caller gets this error, typed, not the closed httpx
+        client's bare RuntimeError.
+        """
+        if self._released:
+            raise ConfigurationError(
+                "this client was closed while the call was under way (close() gave up "
+                "waiting for it); the request was not sent again and a drain finishes it"
             )
 
     @property

@@ -260,6 +260,7 @@ class Client(BaseClient):
                 continue
             try:
                 if isinstance(effect, Send):
+                    self._check_sendable()
                     if turn is not None:
                         turn.sending()
                     try:

@@ -35,6 +35,7 @@ class Heartbeat:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._closed = False  # closed with its client: never started again
         self.renewals = 0  # renewals made, for tests and curiosity
 
     def holding(self, store: Any, lease: Lease | None) -> _Held:
@@ -51,7 +52,7 @@ class Heartbeat:
             self._held[key] = (store, lease)
             # None, or not running: a child forked after a send inherits a Thread
             # object whose thread did not come along.
-            if self._thread is None or not self._thread.is_alive():
+            if not self._closed and (self._thread is None or not self._thread.is_alive()):
                 self._stop.clear()
                 self._thread = threading.Thread(
                     target=self._run, name="postonce-heartbeat", daemon=True
@@ -89,9 +90,10 @@ class Heartbeat:
                         self.renewals += 1
 
     def close(self) -> None:
-        """Stop the thread (held leases are left to expire)."""
+        """Stop the thread for good (held leases are left to expire)."""
         with self._lock:
             thread, self._thread = self._thread, None
+            self._closed = True
             self._stop.set()
         if thread is not None and thread.is_alive():
             thread.join()

@@ -34,13 +34,13 @@ import sniffio
 from .._exceptions import OutboxError
 from .base import Store, run_calls
 
-__all__ = ["StoreThread", "Ticket"]
+__all__ = ["StoreThread", "Ticket", "loop_notifier"]
 
 
 _BATCH_MAX = 512
 
 
-def _notifier() -> Callable[[Callable[[], object]], object]:
+def loop_notifier() -> Callable[[Callable[[], object]], object]:
     """A thread-safe way to run a callback on the current event loop."""
     if sniffio.current_async_library() == "trio":
         import trio
@@ -102,7 +102,7 @@ class StoreThread:
         together, so they can share one transaction: the answers of many
         intents commit in one group, and each caller resumes after it.
         """
-        notify = _notifier()
+        notify = loop_notifier()
         ticket = Ticket(method, kwargs, notify)
         if self._side_by_side:
             self._alone(ticket)
