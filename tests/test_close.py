@@ -60,6 +60,23 @@ def drain_under_way(client: postonce.Client | postonce.AsyncClient) -> None:
         time.sleep(0.01)
 
 
+def post_once_in_a_thread(
+    client: postonce.Client, intent: str
+) -> tuple[threading.Thread, list[BaseException]]:
+    """A started daemon thread making one post_once, and the list its error lands in."""
+    raised: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            client.post_once("/c", json={}, intent=intent)
+        except BaseException as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    return thread, raised
+
+
 def idle_drain_seen(client: postonce.Client | postonce.AsyncClient) -> threading.Event:
     """An event set when a drain of ``client`` found nothing due and is about to wait.
 
@@ -215,16 +232,7 @@ def test_close_inside_the_clients_own_call_is_refused_not_a_deadlock(tmp_path: o
     client = postonce.Client(
         BASE, outbox=f"{tmp_path}/o.sqlite3", retry=FAST, transport=httpx.MockTransport(closing)
     )
-    raised: list[BaseException] = []
-
-    def call() -> None:
-        try:
-            client.post_once("/c", json={}, intent="self-close")
-        except BaseException as exc:
-            raised.append(exc)
-
-    worker = threading.Thread(target=call, daemon=True)
-    worker.start()
+    worker, raised = post_once_in_a_thread(client, "self-close")
     worker.join(10)
     assert not worker.is_alive(), "close() inside the call deadlocked"
     (error,) = raised
@@ -390,16 +398,7 @@ def test_a_send_after_an_interrupted_close_is_refused_typed() -> None:
         retry=FAST.model_copy(update={"attempts": 3, "wait_max": 2.0, "timeout": 10.0}),
         transport=httpx.MockTransport(busy),
     )
-    ends: list[BaseException] = []
-
-    def call() -> None:
-        try:
-            client.post_once("/c", json={}, intent="retrying")
-        except Exception as exc:
-            ends.append(exc)
-
-    caller = threading.Thread(target=call, daemon=True)
-    caller.start()
+    caller, ends = post_once_in_a_thread(client, "retrying")
     assert first.wait(5)  # the call now sleeps before its retry
     # What close() does when Ctrl-C interrupts its wait: closed, then let go in its finally.
     client._closing()
