@@ -55,7 +55,7 @@ def held_at_the_server(sending: anyio.Event, release: anyio.Event) -> httpx.Mock
 def drain_under_way(client: postonce.Client | postonce.AsyncClient) -> None:
     """Wait (at most 5 s) until a drain of ``client`` has begun (counted as a call under way)."""
     deadline = time.monotonic() + 5
-    while not client._busy:
+    while not client._live:
         assert time.monotonic() < deadline, "the drain never began"
         time.sleep(0.01)
 

@@ -58,6 +58,8 @@ from .providers import Provider
 
 __all__ = ["AsyncClient"]
 
+logger = logging.getLogger("postonce")
+
 
 def _stopper(stop: anyio.Event) -> Callable[[], object]:
     """``stop.set`` as any thread or event loop can call it: handed to the drain's loop.
@@ -68,9 +70,6 @@ def _stopper(stop: anyio.Event) -> Callable[[], object]:
     """
     notify = loop_notifier()
     return functools.partial(notify, stop.set)
-
-
-logger = logging.getLogger("postonce")
 
 
 class AsyncClient(BaseClient):
@@ -143,7 +142,7 @@ class AsyncClient(BaseClient):
     # -- the outbox ----------------------------------------------------------
 
     async def _store_thread(self) -> StoreThread:
-        self._check_open(released=True)
+        self._check_released()
         if self._thread is None:
             # One opener: many tasks arriving at once must not each start a thread.
             if self._opening is None:
@@ -324,7 +323,7 @@ class AsyncClient(BaseClient):
                 continue
             try:
                 if isinstance(effect, Send):
-                    self._check_sendable()
+                    self._check_released()
                     if turn is not None:
                         turn.sending()
                     try:
@@ -416,20 +415,12 @@ class AsyncClient(BaseClient):
         if concurrency < 1 or interval <= 0:
             raise ConfigurationError("drain needs concurrency >= 1 and interval > 0")
         self._check_drain()
-        # As Client.drain: close() stops a drain at once through its own event
-        # (from any thread or loop), and never sets an event the caller passed.
         stop_now = None
         if stop is None:
             stop = anyio.Event()
-            stop_now = _stopper(stop)
-        with self._in_call():
-            if stop_now is not None:
-                self._drain_begins(stop_now)
-            try:
-                return await self._drain(forever, interval, concurrency, stop, progress)
-            finally:
-                if stop_now is not None:
-                    self._drain_ends(stop_now)
+            stop_now = _stopper(stop)  # close() may run on another thread or loop
+        with self._draining(stop_now):
+            return await self._drain(forever, interval, concurrency, stop, progress)
 
     async def _drain(
         self,
@@ -532,22 +523,14 @@ class AsyncClient(BaseClient):
                 await self._release()
 
     async def _release(self) -> None:
-        with self._open_lock:
-            self._released = True
+        self._released = True  # first: a send still under way is refused from now on
         if self._owns_http:
             await self._http.aclose()
         self._heartbeat.close()
         if self._thread is not None:
             thread, self._thread = self._thread, None
             await anyio.to_thread.run_sync(thread.close)
-        if self._owns_store:
-            await anyio.to_thread.run_sync(self._close_store)
-
-    def _close_store(self) -> None:
-        with self._open_lock:  # never while another thread opens it
-            store, self._store = self._store, None
-        if store is not None:
-            store.close()
+        await anyio.to_thread.run_sync(self._let_go_of_store)
 
     async def __aenter__(self) -> AsyncClient:
         return self

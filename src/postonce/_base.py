@@ -297,10 +297,9 @@ class BaseClient:
         self._open_lock = threading.RLock()  # opening the store, and closing it
         self._closed = False  # close() / aclose() ends a client for good: no new calls
         self._released = False  # ... and then lets go of its httpx client and outbox
-        self._busy = 0  # this client's calls under way: close() waits for them
         self._busy_lock = threading.Lock()
         self._idle = threading.Condition(self._busy_lock)
-        self._live: set[object] = set()  # a mark per call under way (see _IN_CALL)
+        self._live: set[object] = set()  # a mark per call under way: close() waits for them
         self._drain_stops: list[Callable[[], object]] = []  # stop the drains under way
         self._owner = new_owner()  # host, boot, pid and start time: others can tell it died
         self._owner_pid = os.getpid()
@@ -422,17 +421,19 @@ class BaseClient:
         """Count a call under way (close() waits for it); refused once the client is closed."""
         mark = object()
         with self._busy_lock:
-            self._check_open()
-            self._busy += 1
+            if self._closed:
+                raise ConfigurationError(
+                    "this client is closed: nothing was stored or sent; make a new client "
+                    "(close() and aclose() end a client for good)"
+                )
             self._live.add(mark)
         return _IN_CALL.set((*_IN_CALL.get(), mark)), mark
 
     def _end_call(self, ticket: _CallTicket) -> None:
         token, mark = ticket
         with self._busy_lock:  # first: a reset that failed must not leave close() waiting
-            self._busy -= 1
             self._live.discard(mark)
-            if not self._busy:
+            if not self._live:
                 self._idle.notify_all()
         _IN_CALL.reset(token)
 
@@ -445,17 +446,28 @@ class BaseClient:
         finally:
             self._end_call(ticket)
 
-    def _drain_begins(self, stop_now: Callable[[], object]) -> None:
-        """Let close() stop this drain at once (``stop_now`` sets its own stop event)."""
-        with self._busy_lock:
-            self._drain_stops.append(stop_now)
-            closing = self._closed
-        if closing:
-            stop_now()
+    @contextmanager
+    def _draining(self, stop_now: Callable[[], object] | None) -> Iterator[None]:
+        """A drain as a call under way, that close() stops at once through ``stop_now``.
 
-    def _drain_ends(self, stop_now: Callable[[], object]) -> None:
-        with self._busy_lock:
-            self._drain_stops.remove(stop_now)
+        ``stop_now`` sets the drain's own stop event. None for an event the
+        caller passed: postonce never sets that one (it may stop more than
+        this drain), and such a drain sees the close at its next look.
+        """
+        with self._in_call():
+            if stop_now is None:
+                yield
+                return
+            with self._busy_lock:
+                self._drain_stops.append(stop_now)
+                closing = self._closed
+            if closing:
+                stop_now()
+            try:
+                yield
+            finally:
+                with self._busy_lock:
+                    self._drain_stops.remove(stop_now)
 
     def _closing(self) -> None:
         """Close the client to new calls and stop its drains (once; a repeat does nothing).
@@ -481,40 +493,39 @@ class BaseClient:
     def _wait_idle(self) -> None:
         """Wait until no call of this client is under way (they finish as usual)."""
         with self._idle:
-            while self._busy:
+            while self._live:
                 self._idle.wait()
 
-    def _check_open(self, *, released: bool = False) -> None:
-        """Refuse a new call once the client is closed (``released``: any use of its outbox
-        once close() has let go of it; calls under way until then go on).
+    def _check_released(self) -> None:
+        """Refuse the outbox and the httpx client once close() has let go of them.
 
-        Else a call after close would open the outbox again, commit its intent,
-        and then fail on the closed httpx client: an intent stored, never sent,
-        and recorded as maybe delivered.
-        """
-        if self._released if released else self._closed:
-            raise ConfigurationError(
-                "this client is closed: nothing was stored or sent; make a new client "
-                "(close() and aclose() end a client for good)"
-            )
-
-    def _check_sendable(self) -> None:
-        """Refuse a send once close() has let go of the httpx client (a close given up waiting).
-
-        The flow records the intent as maybe delivered (as for any error at the
-        send) and the caller gets this error, typed, not the closed httpx
-        client's bare RuntimeError.
+        New calls are refused earlier (:meth:`_begin_call`); this stops what
+        is not a call (the ``outbox`` property) and a call still under way
+        after a close that gave up waiting for it (Ctrl-C, a cancelled
+        ``aclose()``): the outbox is not opened again, and a send gets this
+        typed error rather than the closed httpx client's bare RuntimeError
+        (the flow records the intent as maybe delivered, for a drain).
         """
         if self._released:
             raise ConfigurationError(
-                "this client was closed while the call was under way (close() gave up "
-                "waiting for it); the request was not sent again and a drain finishes it"
+                "this client was closed while the call was under way or before it, and has "
+                "let go of its outbox and httpx client: nothing more is stored or sent by it, "
+                "and a drain finishes what it left"
             )
+
+    def _let_go_of_store(self) -> None:
+        """Close the outbox this client opened, never while another thread opens it."""
+        with self._open_lock:
+            store = self._store if self._owns_store else None
+            if store is not None:
+                self._store = None
+        if store is not None:
+            store.close()
 
     @property
     def outbox(self) -> Store:
         """The outbox store, opened on first use; closed with the client."""
-        self._check_open(released=True)
+        self._check_released()
         if self._store is None or not self._adopted:
             with self._open_lock:
                 store = self._opened_store()
@@ -530,7 +541,7 @@ class BaseClient:
         close() has let go of it.
         """
         with self._open_lock:
-            self._check_open(released=True)
+            self._check_released()
             if self._store is None:
                 self._store = open_store(self._outbox_spec, durability=self._durability)
             return self._store

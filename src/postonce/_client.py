@@ -260,7 +260,7 @@ class Client(BaseClient):
                 continue
             try:
                 if isinstance(effect, Send):
-                    self._check_sendable()
+                    self._check_released()
                     if turn is not None:
                         turn.sending()
                     try:
@@ -339,19 +339,12 @@ class Client(BaseClient):
         if concurrency < 1 or interval <= 0:
             raise ConfigurationError("drain needs concurrency >= 1 and interval > 0")
         self._check_drain()
-        # close() stops a drain at once through its own stop event. An event the
-        # caller passed is never set by postonce (it may stop more than this
-        # drain): such a drain sees the close at its next look, within interval.
-        own = stop is None
-        stop = stop if stop is not None else threading.Event()
-        with self._in_call():
-            if own:
-                self._drain_begins(stop.set)
-            try:
-                return self._drain(forever, interval, concurrency, stop, progress)
-            finally:
-                if own:
-                    self._drain_ends(stop.set)
+        stop_now = None
+        if stop is None:
+            stop = threading.Event()
+            stop_now = stop.set
+        with self._draining(stop_now):
+            return self._drain(forever, interval, concurrency, stop, progress)
 
     def _drain(
         self,
@@ -432,14 +425,11 @@ class Client(BaseClient):
             self._release()
 
     def _release(self) -> None:
-        with self._open_lock:
-            self._released = True
-            if self._owns_http:
-                self._http.close()
-            self._heartbeat.close()
-            if self._owns_store and self._store is not None:
-                self._store.close()
-                self._store = None
+        self._released = True  # first: a send still under way is refused from now on
+        if self._owns_http:
+            self._http.close()
+        self._heartbeat.close()
+        self._let_go_of_store()
 
     def __enter__(self) -> Client:
         return self
