@@ -59,11 +59,16 @@ def check_key(key: object, provider: Provider, *, reference: str | None) -> str:
     return key
 
 
+#: ``json.dumps(sort_keys=True, ...)`` without a new encoder per call (dumps makes
+#: one for any non-default option); an encoder holds no state between calls.
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
+
+
 def canonical_json(value: object) -> bytes:
     """JSON with sorted keys and no insignificant whitespace; raises ValueError/TypeError."""
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    ).encode()
+    return _CANONICAL.encode(value).encode()
 
 
 def check_form(data: Mapping[Any, Any], *, reference: str | None) -> None:

@@ -37,6 +37,10 @@ class _Unset:
 #: "Not given", where ``None`` is a value (``json=None`` sends ``null``).
 UNSET: Any = _Unset()
 
+#: ``json.dumps(ensure_ascii=False, separators=(",", ":"), allow_nan=False)``, built
+#: once: dumps makes a new encoder per call for any non-default option.
+COMPACT_JSON = jsonlib.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
 HeaderInput = Mapping[str, str] | Sequence[tuple[str, str]] | httpx.Headers | None
 
 
@@ -68,9 +72,7 @@ def _encode_body(
         raise InvalidRequest(f"pass one body, not {' and '.join(given)}", reference=reference)
     if json is not UNSET:
         try:
-            body = jsonlib.dumps(
-                json, ensure_ascii=False, separators=(",", ":"), allow_nan=False
-            ).encode()
+            body = COMPACT_JSON.encode(json).encode()
         except (TypeError, ValueError) as exc:
             raise InvalidRequest(
                 f"the body is not JSON-serialisable: {exc}", reference=reference

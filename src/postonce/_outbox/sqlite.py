@@ -241,21 +241,13 @@ class SQLiteStore(SQLStore):
             return self._write(durable)
         return self._writing(durable)
 
-    @contextmanager
-    def _writing(self, durable: bool) -> Iterator[sqlite3.Connection]:
+    def _writing(self, durable: bool) -> _Writing:
         """The connection, this process's writes serialised and synced as asked.
 
         A driver error leaves as ``OutboxError`` naming the file; a unique
         violation as itself (the store reads which intent holds the value).
         """
-        with self._lock:
-            try:
-                self._set_sync(durable)
-                yield self._conn
-            except sqlite3.IntegrityError:
-                raise
-            except sqlite3.Error as exc:
-                raise OutboxError(f"outbox write failed at {self.path}: {exc}") from exc
+        return _Writing(self, durable)
 
     @contextmanager
     def _savepoint(self) -> Iterator[sqlite3.Connection]:
@@ -505,3 +497,31 @@ class SQLiteStore(SQLStore):
                     self._conn.execute("PRAGMA busy_timeout = 100")
                 self._sweep()
             self._conn.close()
+
+
+class _Writing:
+    """:meth:`SQLiteStore._writing`: a plain context manager (twice per ``post_once``)."""
+
+    __slots__ = ("_durable", "_store")
+
+    def __init__(self, store: SQLiteStore, durable: bool) -> None:
+        self._store, self._durable = store, durable
+
+    def __enter__(self) -> sqlite3.Connection:
+        store = self._store
+        store._lock.acquire()
+        try:
+            store._set_sync(self._durable)
+        except sqlite3.Error as exc:
+            store._lock.release()
+            raise OutboxError(f"outbox write failed at {store.path}: {exc}") from exc
+        except BaseException:
+            store._lock.release()
+            raise
+        return store._conn
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        store = self._store
+        store._lock.release()
+        if isinstance(exc, sqlite3.Error) and not isinstance(exc, sqlite3.IntegrityError):
+            raise OutboxError(f"outbox write failed at {store.path}: {exc}") from exc
