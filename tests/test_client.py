@@ -392,6 +392,86 @@ def test_budget_attempts_per_call_override(make_client: ClientFactory) -> None:
     assert len(rec.requests) == 2
 
 
+def test_a_setting_changed_between_calls_applies_to_the_next_call(
+    make_client: ClientFactory,
+) -> None:
+    """Calls with no options of their own share how the client sends, until a setting changes.
+
+    Each public setting is changed after a call and must rule the next one:
+    the retry policy, the retry budget, the hooks, the lease, the settlement
+    handler, the provider, and the httpx client's own query parameters.
+    """
+    seen: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if "/fail" in request.url.path:
+            return httpx.Response(503)
+        seen.append(str(request.url))
+        return ok(201)
+
+    rec = Recorder(answer)
+    client = make_client(transport=rec.transport)
+    real: Any = getattr(client, "client", client)  # the AsyncClient behind AsyncDriven
+    with pytest.raises(postonce.IntentPending):
+        client.post_once("/fail", json={}, intent="s-1")
+    assert len(rec.requests) == FAST.attempts
+
+    real.retry = FAST.model_copy(update={"attempts": 2})
+    with pytest.raises(postonce.IntentPending):
+        client.post_once("/fail", json={}, intent="s-2")
+    assert len(rec.requests) == FAST.attempts + 2
+
+    real.retry_budget = postonce.RetryBudget(capacity=0)  # no retry affordable
+    with pytest.raises(postonce.IntentPending):
+        client.post_once("/fail", json={}, intent="s-3")
+    assert len(rec.requests) == FAST.attempts + 3
+
+    attempts: list[postonce.AttemptDetail] = []
+    real.hooks = (postonce.Hooks(on_attempt=attempts.append),)
+    client.post_once("/ok", json={}, intent="s-4")
+    assert [a.intent for a in attempts] == ["s-4"]
+
+    real.lease_seconds = 300.0
+    leases: list[float | None] = []
+    rec.answers = [lambda request: (leases.append(_lease_now(real, "s-5")), ok(201))[1]]
+    client.post_once("/ok", json={}, intent="s-5")
+    (expires_at,) = leases
+    assert expires_at is not None and expires_at > only_created(real, "s-5") + 200
+
+    settled: list[postonce.Settlement] = []
+    real.on_settled = settled.append
+    rec.answers = [answer]
+    client.post_once("/ok", json={}, intent="s-6")
+    assert [s.intent for s in settled] == ["s-6"]
+
+    real.provider = postonce.Provider(name="other", key_field="X-Other-Key", retention=86400)
+    client.post_once("/ok", json={}, intent="s-7")
+    assert rec.requests[-1].headers.get("X-Other-Key") is not None
+    assert rec.requests[-1].headers.get("Idempotency-Key") is None
+
+    # The caller's own httpx client, changed between calls: its params join the
+    # stored query (httpx alone would replace that query with them).
+    client.post_once("/ok?a=1", json={}, intent="s-8")
+    real._http.params = {"v": "2"}
+    client.post_once("/ok?a=1", json={}, intent="s-9")
+    assert [sorted(httpx.URL(url).params.multi_items()) for url in seen[-2:]] == [
+        [("a", "1")],
+        [("a", "1"), ("v", "2")],
+    ]
+
+
+def _lease_now(client: Any, intent: str) -> float | None:
+    record = client.outbox.get(intent)
+    assert record is not None
+    return record.lease_expires_at  # type: ignore[no-any-return]
+
+
+def only_created(client: Any, intent: str) -> float:
+    record = client.outbox.get(intent)
+    assert record is not None
+    return record.created_at  # type: ignore[no-any-return]
+
+
 def test_resume_continues_attempt_numbers(make_client: ClientFactory) -> None:
     """Attempts across calls are numbered on, and all recorded in the attempts table."""
     client = make_client(transport=Recorder(httpx.Response(503)).transport)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import inspect
-import json as jsonlib
 import logging
 import os
 import threading
@@ -51,7 +50,15 @@ from ._sender import (
     sender_identity,
 )
 from ._settle import Settlement, reconcile_flow, settle_flow
-from ._wire import DEFAULT_SECRET_HEADERS, UNSET, HeaderInput, Prepared, parsed_url, prepare
+from ._wire import (
+    COMPACT_JSON,
+    DEFAULT_SECRET_HEADERS,
+    UNSET,
+    HeaderInput,
+    Prepared,
+    parsed_url,
+    prepare,
+)
 from .providers import BUILTIN_PROVIDERS, Provider, get_provider, provider_identity, same_provider
 
 __all__ = [
@@ -173,7 +180,7 @@ def encode_meta(meta: Any, intent: str | None) -> str | None:
     if meta is None:
         return None
     try:
-        text = jsonlib.dumps(meta, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        text = COMPACT_JSON.encode(meta)
     except (TypeError, ValueError) as exc:
         raise InvalidRequest(f"meta= must be JSON-serialisable: {exc}", intent=intent) from exc
     if len(text.encode()) > META_LIMIT:
@@ -308,6 +315,8 @@ class BaseClient:
             self.heartbeat or self.lease_seconds, self.lease_seconds, self._clock
         )
         self._lib: ModuleType = httpx  # set with the httpx client: httpx or httpx2
+        #: The Sender of a call with no options of its own, and the httpx params it saw.
+        self._plain_sender: tuple[Sender | None, object] = (None, None)
         self.hooks: tuple[Hooks, ...] = (
             () if hooks is None else (hooks,) if isinstance(hooks, Hooks) else tuple(hooks)
         )
@@ -668,6 +677,44 @@ class BaseClient:
         timeout: Any = httpx.USE_CLIENT_DEFAULT,
         secret_headers: tuple[tuple[str, str], ...] = (),
         secret_params: tuple[tuple[str, str], ...] = (),
+    ) -> Sender:
+        plain = (
+            retry is None
+            and timeout is httpx.USE_CLIENT_DEFAULT
+            and not secret_headers
+            and not secret_params
+            and not TESTING.on
+        )
+        if plain:
+            # Most calls send as the client does: one Sender (it is frozen) serves them
+            # all until a setting it was made from changes (they are public attributes,
+            # compared by identity: an equal but other budget is another budget).
+            cached, params = self._plain_sender
+            http_params = self._http.params
+            if (
+                cached is not None
+                and cached.provider is provider
+                and cached.policy is self.retry
+                and cached.owner is self.owner
+                and cached.lease_seconds is self.lease_seconds
+                and cached.hooks is self.hooks
+                and cached.retry_budget is self.retry_budget
+                and (cached.settle_hold is None) is (self.on_settled is None)
+                and params is http_params
+            ):
+                return cached
+        sender = self._new_sender(provider, retry, timeout, secret_headers, secret_params)
+        if plain:
+            self._plain_sender = (sender, http_params)
+        return sender
+
+    def _new_sender(
+        self,
+        provider: Provider,
+        retry: RetryPolicy | None,
+        timeout: Any,
+        secret_headers: tuple[tuple[str, str], ...],
+        secret_params: tuple[tuple[str, str], ...],
     ) -> Sender:
         lib = self._lib
         if timeout is httpx.USE_CLIENT_DEFAULT:
