@@ -433,10 +433,16 @@ def test_a_setting_changed_between_calls_applies_to_the_next_call(
 
     real.lease_seconds = 300.0
     leases: list[float | None] = []
-    rec.answers = [lambda request: (leases.append(_lease_now(real, "s-5")), ok(201))[1]]
+
+    def lease_then_ok(request: httpx.Request) -> httpx.Response:
+        leases.append(_lease_now(real, "s-5"))  # read while the send is under way
+        return ok(201)
+
+    rec.answers = [lease_then_ok]
     client.post_once("/ok", json={}, intent="s-5")
     (expires_at,) = leases
-    assert expires_at is not None and expires_at > only_created(real, "s-5") + 200
+    assert expires_at is not None
+    assert expires_at > only_created(real, "s-5") + 200
 
     settled: list[postonce.Settlement] = []
     real.on_settled = settled.append
