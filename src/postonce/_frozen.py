@@ -8,6 +8,17 @@ again for every field: 28 fields cost ten times a mutable dataclass's
 ``__init__``. :func:`quick_init` swaps in an ``__init__`` that calls each slot's
 descriptor, found once per class: about a third of the cost, and nothing else
 changes (signature, defaults, equality, hashing, immutability, ``replace``).
+
+A descriptor's ``__set__`` is still a call that builds an argument tuple
+(~600 CPU instructions a field, against ~60 for a plain attribute store). So
+a record of :data:`TWIN_FROM` fields or more is built another way: for the
+length of its ``__init__`` the new instance is made an instance of a *twin*, a
+plain class with the same slots and no ``__setattr__`` of its own; the fields
+are stored as plain attributes, and the instance is made the record again.
+Each switch costs about two fields' worth of descriptor calls, so it pays
+from five fields on (the intent record has 28). Only an instance of the class
+itself is switched: a subclass may have another layout, and takes the
+descriptors.
 """
 
 from __future__ import annotations
@@ -16,9 +27,12 @@ import dataclasses
 import inspect
 from typing import Any, TypeVar
 
-__all__ = ["quick_init"]
+__all__ = ["TWIN_FROM", "quick_init"]
 
 _T = TypeVar("_T")
+
+#: The fewest fields for which the twin pays (see the module's docstring).
+TWIN_FROM = 5
 
 
 def _shape(init: Any) -> list[tuple[str, Any, Any]]:
@@ -54,6 +68,18 @@ def quick_init(cls: _T) -> _T:
             namespace[f"_default_{f.name}"] = f.default
             signature.append(f"{f.name}=_default_{f.name}")
     body = "".join(f"    _set_{f.name}(self, {f.name})\n" for f in fields) or "    pass\n"
+    twin = _twin(cls) if len(fields) >= TWIN_FROM else None
+    if twin is not None:
+        namespace.update(_cls=cls, _twin=twin, _switch=object.__setattr__)
+        stores = "".join(f"        self.{f.name} = {f.name}\n" for f in fields)
+        descriptors = body.replace("\n    ", "\n        ")
+        body = (
+            "    if type(self) is _cls:\n"
+            "        _switch(self, '__class__', _twin)\n"
+            f"{stores}"
+            "        self.__class__ = _cls\n"
+            f"    else:\n    {descriptors}"
+        )
     # Generated once per class, from its own field names, as dataclasses does.
     exec(f"def __init__(self, {', '.join(signature)}):\n{body}", namespace)  # noqa: S102
     init = namespace["__init__"]
@@ -66,3 +92,19 @@ def quick_init(cls: _T) -> _T:
     init.__annotations__ = dict(generated.__annotations__)
     cls.__init__ = init  # type: ignore[misc]
     return cls
+
+
+def _twin(cls: type) -> type | None:
+    """A plain class with ``cls``'s slots that an instance can be switched to and back; or None.
+
+    Tried once on a blank instance: where Python refuses the switch (another
+    layout), the record keeps the descriptor stores.
+    """
+    twin = type(f"{cls.__name__}Unfrozen", cls.__bases__, {"__slots__": cls.__dict__["__slots__"]})
+    probe: Any = object.__new__(cls)
+    try:
+        object.__setattr__(probe, "__class__", twin)
+        probe.__class__ = cls
+    except TypeError:
+        return None
+    return twin
