@@ -15,7 +15,7 @@ import pytest
 
 from postonce._engine import Budget, Step
 from postonce._flow import Callback, Send, Sender, Sleep, StoreCall, _Tried, _Wire
-from postonce._frozen import TWIN_FROM, quick_init
+from postonce._frozen import TWIN_FROM, maker, quick_init
 from postonce._intent import IntentInfo, IntentRecord, StoredResponse
 from postonce._outbox.base import AttemptRecord, Lease, NewIntent, Opened
 from postonce._wire import Prepared
@@ -184,3 +184,35 @@ def test_the_hot_records_take_their_fields_as_declared(cls: type) -> None:
     annotated = {name: kind for name, kind in init.__annotations__.items() if name != "return"}
     assert list(annotated) == [f.name for f in dataclasses.fields(cls)]  # help() shows types
     assert any(name.startswith("_set_") for name in init.__code__.co_names)  # quick_init's
+
+
+@pytest.mark.parametrize("cls", [Quick, QuickWide], ids=["descriptors", "twin"])
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [
+        pytest.param((1, "x", None, ()), {}, id="positional"),
+        pytest.param((), {"d": (4,), "c": 0.5, "b": "x", "a": 1}, id="keywords"),
+        pytest.param((1, "x"), {"c": None, "d": ()}, id="mixed"),
+    ],
+)
+def test_a_maker_builds_the_record_the_class_builds(
+    cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    """maker(cls)(...) is cls(...): same type, fields, defaults and equality, still frozen."""
+    made, called = maker(cls)(*args, **kwargs), cls(*args, **kwargs)
+    assert type(made) is cls
+    assert made == called
+    assert hash(made) == hash(called)
+    assert dataclasses.astuple(made) == dataclasses.astuple(called)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.a = 2
+    with pytest.raises(TypeError):
+        maker(cls)(1)  # a required field missing, as with the class
+    with pytest.raises(TypeError):
+        maker(cls)(1, "x", None, (), zz=1)  # an unknown one
+
+
+def test_only_a_quick_init_record_has_a_maker() -> None:
+    """maker() refuses a class quick_init did not build (it would have no maker)."""
+    with pytest.raises(TypeError):
+        maker(Plain)

@@ -33,6 +33,7 @@ from ._exceptions import (
     UnknownProvider,
 )
 from ._flow import Effect, Sender, StoreCall, from_outbox, send_claimed
+from ._frozen import maker
 from ._heartbeat import Heartbeat
 from ._http import adapt_timeout, library_of
 from ._intent import TERMINAL, IntentRecord, State
@@ -214,6 +215,9 @@ def named(exc: PostonceError, reference: str, key: str) -> PostonceError:
     renamed.__cause__ = exc.__cause__ or exc
     return renamed
 
+
+#: Made for every call: built by its maker rather than the class call (see ``maker``).
+_new_intent = maker(NewIntent)
 
 #: Marks of the calls this context (thread or task) runs inside: a close() of a
 #: client with one of them still under way would wait for itself. A task started
@@ -653,7 +657,7 @@ class BaseClient:
         sender = self._sender(
             profile, retry, timeout, prepared.secret_headers, prepared.secret_params
         )
-        new = NewIntent(
+        new = _new_intent(
             reference=prepared.reference,
             key=prepared.key,
             key_given=prepared.key_given,

@@ -36,7 +36,7 @@ from ._exceptions import (
     IntentPurged,
     IntentResolved,
 )
-from ._frozen import quick_init
+from ._frozen import maker, quick_init
 from ._intent import TERMINAL, IntentInfo, IntentRecord, Outcome, State
 from ._observe import (
     AttemptDetail,
@@ -233,7 +233,7 @@ def run(sender: Sender, new: NewIntent) -> Generator[Effect, Any, httpx.Response
     # The write-ahead: nothing is sent until this commit holds the intent and our lease.
     polls = 0
     while True:
-        opened = yield StoreCall(
+        opened = yield _store_call(
             "open_intent",
             {"new": new, "owner": sender.owner, "now": clock(), "lease_for": sender.lease_seconds},
         )
@@ -535,6 +535,17 @@ class _Tried:
         return self.response.status_code if self.response is not None else None
 
 
+#: The records every call makes, built by their makers rather than the class call
+#: (the same records, in half the CPU: see ``maker``).
+_store_call = maker(StoreCall)
+_send = maker(Send)
+_wire = maker(_Wire)
+_tried = maker(_Tried)
+_budget = maker(Budget)
+_attempt = maker(AttemptRecord)
+_info = maker(IntentInfo)
+
+
 def _send_once(
     sender: Sender, record: IntentRecord, progress: _Progress, wire: _Wire, number: int
 ) -> Generator[Effect, Any, _Tried]:
@@ -554,7 +565,7 @@ def _send_once(
     progress.in_send = True
     progress.watch = watch
     try:
-        response = yield Send(request, progress.lease)
+        response = yield _send(request, progress.lease)
     except sender.lib.TransportError as exc:
         outcome = classify_exception(exc, body_unread=watch.unread)
         error, cause = type(exc).__name__, exc
@@ -576,7 +587,7 @@ def _send_once(
     duration = clock() - sent_at
     progress.delivered_maybe = progress.delivered_maybe or outcome is not Outcome.NOT_SENT
     replayed = response is not None and is_replay(response.headers, sender.provider)
-    return _Tried(number, sent_at, duration, clock(), outcome, response, error, cause, replayed)
+    return _tried(number, sent_at, duration, clock(), outcome, response, error, cause, replayed)
 
 
 def _next_step(
@@ -667,11 +678,11 @@ def _record(
     # not repair a lost one: a 2xx, a retry or a deferral can be asked again.
     durable = not (retrying or step.kind is StepKind.DEFER or step.state is State.SUCCEEDED)
     anchor = record.first_delivery_at if progress.delivered_maybe else None
-    return StoreCall(
+    return _store_call(
         "record",
         {
             "lease": progress.lease,
-            "attempt": AttemptRecord(
+            "attempt": _attempt(
                 tried.sent_at,
                 tried.duration,
                 tried.outcome,
@@ -707,7 +718,7 @@ def _conclude(
 ) -> httpx.Response | None:
     """The answer to return, or the error that says where the intent stands; None: retry."""
     response = tried.response
-    info = IntentInfo(
+    info = _info(
         reference=record.reference,
         key=record.key,
         state=step.state,
@@ -772,7 +783,7 @@ def _send_claimed(
         yield from _wait_until_due(
             sender, record, progress.lease, anchor_before, due_at, ends_at=ends_at
         )
-    wire = _Wire(
+    wire = _wire(
         url=parsed_url(sender.lib.URL, record.url),  # parsed once per process, not per send
         headers=wire_headers(record.headers, sender.secret_headers, record.key, sender.provider),
     )
@@ -792,7 +803,7 @@ def _send_claimed(
         # Waiting on an in-flight answer is not a retry: only the time budget bounds it.
         if tried.outcome is not Outcome.IN_PROGRESS:
             attempts_left -= 1
-        budget = Budget(attempts_left=attempts_left, ends_at=ends_at) if foreground else None
+        budget = _budget(attempts_left=attempts_left, ends_at=ends_at) if foreground else None
         step = _next_step(sender, record, progress, tried, budget)
         _observe(sender, record, tried, step)
         recorded = yield _record(sender, record, progress, tried, step)

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from ._exceptions import ConfigurationError, InvalidKey, InvalidRequest
-from ._frozen import quick_init
+from ._frozen import maker, quick_init
 from ._keys import canonical_form, check_form, check_key, fingerprint, mint_key
 from ._memo import ByIdentity
 from ._sender import DEFAULT_SECRET_PARAMS, origin_of
@@ -60,6 +60,10 @@ class Prepared:
     fingerprint: str
     origin: str | None = None  # scheme://host:port of ``url``
     secret_params: tuple[tuple[str, str], ...] = ()  # this call's secret query: memory only
+
+
+#: Made for every call: built by its maker rather than the class call (see ``maker``).
+_prepared = maker(Prepared)
 
 
 def _encode_body(
@@ -335,7 +339,7 @@ def prepare(
         secrets = {name.lower() for name in secret_names}
         for name, value in call_headers.multi_items():
             (secret if name.lower() in secrets else stored).append((name, value))
-    return Prepared(
+    return _prepared(
         reference=reference,
         key=key,
         key_given=key_given,

@@ -17,6 +17,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from .._frozen import maker
 from .._intent import TERMINAL, IntentRecord, Outcome, State, StoredResponse, operator_move
 from .._sender import origin_of
 from ..providers import same_provider
@@ -80,6 +81,13 @@ def headers_json(headers: tuple[tuple[str, str], ...]) -> str:
     return json.dumps(headers)
 
 
+#: What every new intent makes, built by their makers rather than the class call
+#: (the same records, in half the CPU: see ``maker``).
+_intent_record = maker(IntentRecord)
+_lease = maker(Lease)
+_opened = maker(Opened)
+
+
 def insert_row(new: NewIntent, lease: Lease, now: float) -> Changes:
     """The columns of a new intent: stored, and leased to its first sender, in one write."""
     return {
@@ -109,7 +117,7 @@ def insert_row(new: NewIntent, lease: Lease, now: float) -> Changes:
 
 def created(new: NewIntent, intent_id: int, lease: Lease, now: float) -> Opened:
     """What ``open_intent`` hands back for the row :func:`insert_row` wrote."""
-    record = IntentRecord(
+    record = _intent_record(
         id=intent_id,
         reference=new.reference,
         key=new.key,
@@ -134,9 +142,9 @@ def created(new: NewIntent, intent_id: int, lease: Lease, now: float) -> Opened:
         origin=new.origin,
         meta=json.loads(new.meta) if new.meta else None,
     )
-    return Opened(
+    return _opened(
         record,
-        Lease(intent_id, lease.token, lease.owner, lease.expires_at, fresh=True),
+        _lease(intent_id, lease.token, lease.owner, lease.expires_at, fresh=True),
         created=True,
         conflict=None,
         anchor_before=None,

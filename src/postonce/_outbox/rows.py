@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from .._exceptions import OutboxError
+from .._frozen import maker
 from .._intent import TERMINAL, IntentRecord, Outcome, State, StoredResponse
 from .base import AttemptRecord
 
@@ -176,11 +177,15 @@ def decode_row(row: tuple[Any, ...]) -> IntentRecord:
     )
 
 
+#: Made for every answer kept: built by its maker rather than the class call (see ``maker``).
+_stored_response = maker(StoredResponse)
+
+
 def storable_response(status: int, headers: list[tuple[str, str]], body: bytes) -> StoredResponse:
     """A response as the outbox keeps it: transport headers dropped, body capped."""
     kept = tuple((n, v) for n, v in headers if n.lower() not in _DROP_RESPONSE_HEADERS)
     truncated = len(body) > STORED_BODY_LIMIT
-    return StoredResponse(
+    return _stored_response(
         status=status,
         headers=kept,
         body=body[:STORED_BODY_LIMIT] if truncated else body,
