@@ -6,6 +6,7 @@ memory stores all apply these, so a rule tested here holds on every backend.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from typing import Any
 
@@ -310,3 +311,23 @@ def test_a_stale_lease_reads_as_none(
     """decode_row: an ended intent with no lease owner has no lease, whatever the row still says."""
     record = decode_row(_row(lease_expires_at=NOW + 15, **columns))
     assert record.lease_expires_at == lease_expires_at
+
+
+@pytest.mark.parametrize(
+    "pairs",
+    [
+        pytest.param((), id="none"),
+        pytest.param((("content-type", "application/json"),), id="one"),
+        pytest.param((("x-a", "1"), ("x-a", "2")), id="repeated"),
+        pytest.param((("x-quote", 'say "hi" \\ bye'),), id="quotes-backslash"),
+        pytest.param((("x-ctl", "a\tb\nc\x00\x1f"),), id="control-characters"),
+        pytest.param((("x-latin", "caf\xe9 \u2603 \U0001f600"),), id="non-ascii"),
+        pytest.param((("", ""),), id="empty"),
+    ],
+)
+def test_stored_header_pairs_are_the_json_of_the_pairs(pairs: tuple[tuple[str, str], ...]) -> None:
+    """pairs_json writes what json.dumps writes, less spaces: it reads back as the same pairs."""
+    text = decide.pairs_json(pairs)
+    assert json.loads(text) == json.loads(json.dumps(pairs)) == [list(p) for p in pairs]
+    assert text == json.dumps(pairs, separators=(",", ":"))
+    assert decide.headers_json(pairs) == text

@@ -14,7 +14,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from json.encoder import encode_basestring_ascii as _json_string
 from typing import Any
 
 from .._frozen import maker
@@ -75,10 +76,20 @@ _ABSENT = object()
 KEY_TAKEN = "this key already belongs to another intent"
 
 
+def pairs_json(pairs: Iterable[tuple[str, str]]) -> str:
+    """Header (name, value) pairs as the JSON the outbox keeps: a list of two-string lists.
+
+    What ``json.dumps`` writes, without its spaces, in half its time (it walks
+    any object; these are strings, escaped by its own C escaper). Every answer
+    kept writes its headers so.
+    """
+    return "[" + ",".join(f"[{_json_string(n)},{_json_string(v)}]" for n, v in pairs) + "]"
+
+
 @functools.lru_cache(maxsize=256)
 def headers_json(headers: tuple[tuple[str, str], ...]) -> str:
     """The stored form of a request's headers (a service sends the same few sets: cached)."""
-    return json.dumps(headers)
+    return pairs_json(headers)
 
 
 #: What every new intent makes, built by their makers rather than the class call
@@ -307,7 +318,7 @@ def recorded(
     if response is not None:
         changes.update(
             response_status=response.status,
-            response_headers=json.dumps(response.headers),
+            response_headers=pairs_json(response.headers),
             response_body=bytes(response.body),
             response_truncated=int(response.truncated),
             response_sha256=response.sha256,

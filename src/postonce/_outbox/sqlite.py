@@ -133,7 +133,10 @@ class SQLiteStore(SQLStore):
         self.path = Path(path)
         self.durability: Durability = durability
         self._lock = threading.RLock()
-        self._local = threading.local()
+        #: The batch :meth:`run_batch` runs, as (thread ident, mode), or None. Only
+        #: that thread's writes join it; a plain attribute, read on every write,
+        #: where a ``threading.local`` read cost ~0.3 us.
+        self._batch: tuple[int, str] | None = None
         self._sync: str | None = None
         self._left: list[int] = []  # ended intents perhaps still in the lease index (_record)
         self._unswept = 0  # fresh intents written since this store's last sweep
@@ -211,7 +214,7 @@ class SQLiteStore(SQLStore):
     @contextmanager
     def _write(self, durable: bool) -> Iterator[sqlite3.Connection]:
         """One write transaction, or one savepoint inside the batch this thread runs."""
-        batch = getattr(self._local, "batch", None)
+        batch = self._batch_here()
         if batch == "plain":
             yield self._conn
             return
@@ -229,6 +232,11 @@ class SQLiteStore(SQLStore):
                     conn.execute("ROLLBACK")
                 raise
 
+    def _batch_here(self) -> str | None:
+        """The mode of the batch this thread runs, or None."""
+        running = self._batch
+        return running[1] if running is not None and running[0] == threading.get_ident() else None
+
     def _write_alone(self, durable: bool) -> AbstractContextManager[sqlite3.Connection]:
         """One statement as its own transaction (autocommit): no BEGIN and COMMIT statements.
 
@@ -237,7 +245,8 @@ class SQLiteStore(SQLStore):
         batch it is one more operation of the batch's transaction. A statement
         with a result must be read to its end inside the block: that is its commit.
         """
-        if getattr(self._local, "batch", None) is not None:
+        running = self._batch
+        if running is not None and running[0] == threading.get_ident():
             return self._write(durable)
         return self._writing(durable)
 
@@ -291,7 +300,7 @@ class SQLiteStore(SQLStore):
             error = OutboxError(f"outbox write failed at {self.path}: {exc}")
             return [(False, error) for _ in calls]
         results: list[tuple[bool, Any]] = []
-        self._local.batch = mode
+        self._batch = (threading.get_ident(), mode)
         try:
             for method, kwargs in calls:
                 try:
@@ -310,7 +319,7 @@ class SQLiteStore(SQLStore):
                         exc = failed
                     results.append((False, exc))
         finally:
-            self._local.batch = None
+            self._batch = None
         try:
             self._conn.execute("COMMIT")
         except sqlite3.Error as exc:
@@ -347,7 +356,7 @@ class SQLiteStore(SQLStore):
                 self._left.append(lease.intent_id)
             # Inside a batch, the sweep waits for its end (run_batch): a batch
             # undone and run again would undo the sweep with it.
-            if self._sweep_due() and getattr(self._local, "batch", None) is None:
+            if self._sweep_due() and self._batch_here() is None:
                 self._sweep()
         return recorded
 
