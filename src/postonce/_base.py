@@ -446,7 +446,7 @@ class BaseClient:
         token, mark = ticket
         with self._busy_lock:  # first: a reset that failed must not leave close() waiting
             self._live.discard(mark)
-            if not self._live:
+            if not self._live and self._closed:  # only close() waits, once _closed is set
                 self._idle.notify_all()
         _IN_CALL.reset(token)
 
