@@ -393,13 +393,14 @@ def test_budget_attempts_per_call_override(make_client: ClientFactory) -> None:
 
 
 def test_a_setting_changed_between_calls_applies_to_the_next_call(
-    make_client: ClientFactory,
+    make_client: ClientFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Calls with no options of their own share how the client sends, until a setting changes.
 
     Each public setting is changed after a call and must rule the next one:
     the retry policy, the retry budget, the hooks, the lease, the settlement
-    handler, the provider, and the httpx client's own query parameters.
+    handler, the provider, the httpx client's own query parameters, and the
+    lease owner (renewed in a forked child).
     """
     seen: list[str] = []
 
@@ -464,6 +465,21 @@ def test_a_setting_changed_between_calls_applies_to_the_next_call(
         [("a", "1")],
         [("a", "1"), ("v", "2")],
     ]
+
+    # A fork: the child's calls must lease as the child, or another process seeing
+    # the parent gone could take over the child's live sends.
+    monkeypatch.setattr(postonce._base, "new_owner", lambda: "owner-of-the-child")
+    real._owner_pid = -1  # as os.getpid() differs after a fork
+    owners: list[str | None] = []
+
+    def owner_then_ok(request: httpx.Request) -> httpx.Response:
+        record = real.outbox.get("s-10")
+        owners.append(record.lease_owner)  # read while the send is under way
+        return ok(201)
+
+    rec.answers = [owner_then_ok]
+    client.post_once("/ok", json={}, intent="s-10")
+    assert owners == ["owner-of-the-child"]
 
 
 def _lease_now(client: Any, intent: str) -> float | None:
