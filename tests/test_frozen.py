@@ -9,7 +9,7 @@ import inspect
 import pickle
 from collections.abc import Callable
 from dataclasses import InitVar, dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import pytest
 
@@ -152,6 +152,7 @@ _REFUSED: dict[str, Callable[[], type]] = {
     "kw-only": lambda: _frozen_slotted([("a", int)], kw_only=True),
     "init-var": lambda: _frozen_slotted([("a", int), ("b", InitVar[int])]),
     "self-field": lambda: _frozen_slotted([("self", int)]),
+    "underscore-field": lambda: _frozen_slotted([("_cls", int)]),
 }
 
 
@@ -216,3 +217,32 @@ def test_only_a_quick_init_record_has_a_maker() -> None:
     """maker() refuses a class quick_init did not build (it would have no maker)."""
     with pytest.raises(TypeError):
         maker(Plain)
+
+
+def test_a_subclass_quick_init_did_not_build_has_no_maker() -> None:
+    """maker() refuses a subclass: it would inherit its parent's maker and build the parent."""
+    with pytest.raises(TypeError):
+        maker(QuickWideChild)
+
+
+_Value = TypeVar("_Value")
+
+
+@quick_init
+@dataclass(frozen=True, slots=True)
+class GenericWide(Generic[_Value]):
+    """A generic record: Python refuses a twin of it, so it keeps the descriptor stores."""
+
+    a: _Value
+    b: _Value
+    c: _Value
+    d: _Value
+    e: _Value
+
+
+def test_a_record_python_will_not_twin_is_built_as_before() -> None:
+    """A record no twin can be made for (a generic one) is still decorated, and builds right."""
+    assert "_twin" not in GenericWide.__init__.__code__.co_names
+    for built in (GenericWide(1, 2, 3, 4, 5), maker(GenericWide)(1, 2, 3, 4, e=5)):
+        assert type(built) is GenericWide
+        assert dataclasses.astuple(built) == (1, 2, 3, 4, 5)

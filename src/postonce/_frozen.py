@@ -18,13 +18,16 @@ are stored as plain attributes, and the instance is made the record again.
 Each switch costs about two fields' worth of descriptor calls, so it pays
 from five fields on (the intent record has 28). Only an instance of the class
 itself is switched: a subclass may have another layout, and takes the
-descriptors.
+descriptors. Each switch raises the ``object.__setattr__`` audit event (twelve
+per ``post_once``): an audit hook that refuses ``__class__`` assignment refuses
+postonce's calls.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
+import sysconfig
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
@@ -48,7 +51,7 @@ def quick_init(cls: _T) -> _T:
 
     Refuses (``TypeError``) a class it cannot copy exactly: not frozen or not
     slotted, or with a default factory, an init-only, keyword-only or non-init
-    field, a field named ``self``, or a ``__post_init__``.
+    field, a field named ``self`` or starting with ``_``, or a ``__post_init__``.
     """
     assert isinstance(cls, type)
     params = getattr(cls, "__dataclass_params__", None)
@@ -56,7 +59,11 @@ def quick_init(cls: _T) -> _T:
         raise TypeError(f"{cls.__name__} is not a dataclass(frozen=True, slots=True)")
     fields = dataclasses.fields(cls)
     if hasattr(cls, "__post_init__") or any(
-        f.default_factory is not dataclasses.MISSING or not f.init or f.kw_only or f.name == "self"
+        f.default_factory is not dataclasses.MISSING
+        or not f.init
+        or f.kw_only
+        or f.name == "self"
+        or f.name.startswith("_")  # the generated code's own names (_cls, _set_a...) start so
         for f in fields
     ):
         raise TypeError(f"{cls.__name__}: quick_init copies plain fields only")
@@ -121,22 +128,27 @@ def maker(cls: Callable[_P, _T]) -> Callable[_P, _T]:
     ~7.9k for the class call (callgrind). The same parameters, defaults and
     errors; typed as ``cls`` is. ``cls`` must be a :func:`quick_init` record.
     """
-    made = getattr(cls, "_quick_make", None)
-    if made is None:
+    made = cls.__dict__.get("_quick_make") if isinstance(cls, type) else None
+    if made is None:  # not quick_init's: a subclass of one inherits its parent's maker
         raise TypeError(f"{cls!r} is not a quick_init record")
-    built: Callable[_P, _T] = made
+    built: Callable[_P, _T] = made.__func__
     return built
 
 
 def _twin(cls: type) -> type | None:
     """A plain class with ``cls``'s slots that an instance can be switched to and back; or None.
 
-    Tried once on a blank instance: where Python refuses the switch (another
-    layout), the record keeps the descriptor stores.
+    Tried once on a blank instance: where Python refuses the twin or the switch
+    (another layout, a generic base), the record keeps the descriptor stores.
+    So it does on a free-threaded Python, where a class switch may stop every
+    thread.
     """
-    twin = type(f"{cls.__name__}Unfrozen", cls.__bases__, {"__slots__": cls.__dict__["__slots__"]})
-    probe: Any = object.__new__(cls)
+    if sysconfig.get_config_var("Py_GIL_DISABLED"):
+        return None
     try:
+        slots = cls.__dict__["__slots__"]
+        twin = type(f"{cls.__name__}Unfrozen", cls.__bases__, {"__slots__": slots})
+        probe: Any = object.__new__(cls)
         object.__setattr__(probe, "__class__", twin)
         probe.__class__ = cls
     except TypeError:
