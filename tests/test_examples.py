@@ -25,11 +25,11 @@ EXAMPLES = {
 FRESH_KEY_PER_SEND = """
 import uuid
 import postonce._flow as flow
-real = flow.Send
+real = flow._send  # what the flow builds each send with (Send's maker)
 def send(request, lease=None):
     request.headers["Idempotency-Key"] = str(uuid.uuid4())
     return real(request, lease)
-flow.Send = send
+flow._send = send
 """
 IGNORES_THE_PROFILE = """
 import postonce._flow as flow
