@@ -76,29 +76,29 @@ def quick_init(cls: _T) -> _T:
         else:
             namespace[f"_default_{f.name}"] = f.default
             signature.append(f"{f.name}=_default_{f.name}")
-    body = "".join(f"    _set_{f.name}(self, {f.name})\n" for f in fields) or "    pass\n"
+
+    def lines(template: str, indent: str) -> str:
+        return "".join(f"{indent}{template.format(f.name)}\n" for f in fields)
+
+    # Each field stored through its descriptor, or (on a twin) as a plain attribute.
+    descriptors, stores = "_set_{0}(self, {0})", "self.{0} = {0}"
     twin = _twin(cls) if len(fields) >= TWIN_FROM else None
-    if twin is not None:
-        namespace.update(_cls=cls, _twin=twin, _switch=object.__setattr__)
-        stores = "".join(f"        self.{f.name} = {f.name}\n" for f in fields)
-        descriptors = body.replace("\n    ", "\n        ")
+    namespace.update(_cls=cls, _twin=twin, _new=object.__new__, _switch=object.__setattr__)
+    if twin is None:
+        body = lines(descriptors, "    ") or "    pass\n"
+        made = "    self = _new(_cls)\n" + lines(descriptors, "    ")
+    else:
         body = (
             "    if type(self) is _cls:\n"
             "        _switch(self, '__class__', _twin)\n"
-            f"{stores}"
+            f"{lines(stores, '        ')}"
             "        self.__class__ = _cls\n"
-            f"    else:\n    {descriptors}"
+            "    else:\n"
+            f"{lines(descriptors, '        ')}"
         )
+        made = f"    self = _new(_twin)\n{lines(stores, '    ')}    self.__class__ = _cls\n"
     # The maker: the same record without the class call (see :func:`maker`).
-    if twin is not None:
-        plain = "".join(f"    self.{f.name} = {f.name}\n" for f in fields)
-        made = f"    self = _new(_twin)\n{plain}    self.__class__ = _cls\n    return self\n"
-    else:
-        made = "    self = _new(_cls)\n" + "".join(
-            f"    _set_{f.name}(self, {f.name})\n" for f in fields
-        )
-        made += "    return self\n"
-    namespace.update(_cls=cls, _new=object.__new__)
+    made += "    return self\n"
     # Generated once per class, from its own field names, as dataclasses does.
     exec(f"def __init__(self, {', '.join(signature)}):\n{body}", namespace)  # noqa: S102
     exec(f"def make({', '.join(signature)}):\n{made}", namespace)  # noqa: S102

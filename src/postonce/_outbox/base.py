@@ -17,7 +17,7 @@ from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .._frozen import quick_init
+from .._frozen import maker, quick_init
 from .._intent import IntentRecord, Outcome, State, StoredResponse
 
 __all__ = ["AttemptRecord", "Census", "Lease", "NewIntent", "Opened", "Store", "run_calls"]
@@ -59,6 +59,11 @@ class Lease:
     #: Taken by the write-ahead that created the intent: its first send follows
     #: at once, from this process (``decide.carried``).
     fresh: bool = False
+
+
+#: Leases are taken on every call: built by their maker rather than the class call
+#: (the same record, in half the CPU: see ``maker``).
+new_lease = maker(Lease)
 
 
 @quick_init

@@ -22,7 +22,7 @@ from .._frozen import maker
 from .._intent import TERMINAL, IntentRecord, Outcome, State, StoredResponse, operator_move
 from .._sender import origin_of
 from ..providers import same_provider
-from .base import AttemptRecord, Census, Lease, NewIntent, Opened
+from .base import AttemptRecord, Census, Lease, NewIntent, Opened, new_lease
 
 __all__ = [
     "KEY_TAKEN",
@@ -95,7 +95,6 @@ def headers_json(headers: tuple[tuple[str, str], ...]) -> str:
 #: What every new intent makes, built by their makers rather than the class call
 #: (the same records, in half the CPU: see ``maker``).
 _intent_record = maker(IntentRecord)
-_lease = maker(Lease)
 _opened = maker(Opened)
 
 
@@ -155,7 +154,7 @@ def created(new: NewIntent, intent_id: int, lease: Lease, now: float) -> Opened:
     )
     return _opened(
         record,
-        _lease(intent_id, lease.token, lease.owner, lease.expires_at, fresh=True),
+        new_lease(intent_id, lease.token, lease.owner, lease.expires_at, fresh=True),
         created=True,
         conflict=None,
         anchor_before=None,

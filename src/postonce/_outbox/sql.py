@@ -20,11 +20,10 @@ from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
 from .._exceptions import IntentConflict
-from .._frozen import maker
 from .._intent import IntentRecord, State
 from .._lease import alive as lease_owner_alive
 from . import decide
-from .base import AttemptRecord, Census, Lease, NewIntent, Opened
+from .base import AttemptRecord, Census, Lease, NewIntent, Opened, new_lease
 from .rows import COLUMNS, decode_attempt, decode_row
 from .store import Mine, StoreBase, Take
 
@@ -32,10 +31,6 @@ __all__ = ["SQLStore"]
 
 # ``conn`` below is a DB-API connection, sqlite3's or psycopg's: both answer
 # ``execute(query, params)`` with a cursor, and neither's stubs name the other.
-
-
-#: A write-ahead's lease, built by its maker rather than the class call (see ``maker``).
-_lease = maker(Lease)
 
 
 class SQLStore(StoreBase):
@@ -265,7 +260,7 @@ class SQLStore(StoreBase):
         lease_for: float,
         alive: Callable[[str], bool] = lease_owner_alive,
     ) -> Opened:
-        lease = _lease(0, self._token(), owner, now + lease_for)
+        lease = new_lease(0, self._token(), owner, now + lease_for)
         row = decide.insert_row(new, lease, now)
         tried = False
         try:

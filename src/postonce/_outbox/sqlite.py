@@ -232,6 +232,10 @@ class SQLiteStore(SQLStore):
                     conn.execute("ROLLBACK")
                 raise
 
+    def _write_failed(self, exc: sqlite3.Error) -> OutboxError:
+        """A driver's error on a write, as the OutboxError naming this outbox."""
+        return OutboxError(f"outbox write failed at {self.path}: {exc}")
+
     def _batch_here(self) -> str | None:
         """The mode of the batch this thread runs, or None."""
         running = self._batch
@@ -245,8 +249,7 @@ class SQLiteStore(SQLStore):
         batch it is one more operation of the batch's transaction. A statement
         with a result must be read to its end inside the block: that is its commit.
         """
-        running = self._batch
-        if running is not None and running[0] == threading.get_ident():
+        if self._batch_here() is not None:
             return self._write(durable)
         return self._writing(durable)
 
@@ -297,7 +300,7 @@ class SQLiteStore(SQLStore):
             self._set_sync(durable)
             self._conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
-            error = OutboxError(f"outbox write failed at {self.path}: {exc}")
+            error = self._write_failed(exc)
             return [(False, error) for _ in calls]
         results: list[tuple[bool, Any]] = []
         self._batch = (threading.get_ident(), mode)
@@ -314,7 +317,7 @@ class SQLiteStore(SQLStore):
                         exc, sqlite3.IntegrityError
                     ):
                         # Typed as outside a batch: callers catch OutboxError.
-                        failed = OutboxError(f"outbox write failed at {self.path}: {exc}")
+                        failed = self._write_failed(exc)
                         failed.__cause__ = exc
                         exc = failed
                     results.append((False, exc))
@@ -521,11 +524,8 @@ class _Writing:
         store._lock.acquire()
         try:
             store._set_sync(self._durable)
-        except sqlite3.Error as exc:
-            store._lock.release()
-            raise OutboxError(f"outbox write failed at {store.path}: {exc}") from exc
-        except BaseException:
-            store._lock.release()
+        except BaseException as exc:
+            self.__exit__(type(exc), exc, None)  # released, and a driver error typed
             raise
         return store._conn
 
@@ -533,4 +533,4 @@ class _Writing:
         store = self._store
         store._lock.release()
         if isinstance(exc, sqlite3.Error) and not isinstance(exc, sqlite3.IntegrityError):
-            raise OutboxError(f"outbox write failed at {store.path}: {exc}") from exc
+            raise store._write_failed(exc) from exc
