@@ -949,6 +949,36 @@ def test_claim_due_takes_only_due_and_dead_leases(outbox: str) -> None:
     store.close()
 
 
+def test_a_clock_of_whole_seconds_claims_beside_kept_anchors(outbox: str) -> None:
+    """A claim at an int ``now`` writes it beside the float anchors rows keep, on every backend.
+
+    PostgreSQL sends a claim's columns as binary arrays, whose dumper refuses
+    a list of ints and floats: each column's values must be made one type.
+    """
+    store = open_store(outbox)
+    opened = {
+        name: store.open_intent(
+            new_intent(name, f"k-{name}-0001"), owner="a", now=1000.5, lease_for=5
+        )
+        for name in ("sent", "fresh")
+    }
+    for name, anchor in (("sent", 1000.5), ("fresh", None)):  # "sent" may have landed
+        lease = opened[name].lease
+        assert lease is not None
+        assert store.release(lease, now=1000.5, due_at=1001.0, anchor=anchor)
+    claimed = store.claim_due(owner="drain", now=1010, limit=10, lease_for=30)
+    assert sorted(o.record.reference for o in claimed) == ["fresh", "sent"]
+    anchors = {o.record.reference: o.record.first_delivery_at for o in claimed}
+    assert anchors == {"sent": 1000.5, "fresh": 1010}
+    for reference in ("sent", "fresh"):
+        record = store.get(reference)
+        assert record is not None
+        assert record.first_delivery_at == anchors[reference]
+        assert record.lease_expires_at == 1040
+        assert record.lease_owner == "drain"
+    store.close()
+
+
 def test_parallel_claims_never_overlap(outbox: str) -> None:
     """Four claimers on their own connections take disjoint sets of 200 due intents."""
     store = open_store(outbox)

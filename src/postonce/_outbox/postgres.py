@@ -98,6 +98,23 @@ def _check_connection(conn: psycopg.Connection[Any]) -> None:
         psycopg_pool.ConnectionPool.check_connection(conn)
 
 
+#: What each column type's array elements must all be for psycopg's binary array
+#: dumper, which refuses a list of mixed types (an int due time among floats).
+_ELEMENT_TYPES: dict[str, type] = {"double precision": float, "bigint": int, "integer": int}
+
+
+def binary_array(cast: str, values: list[Any]) -> list[Any]:
+    """``values`` for a binary array parameter cast to ``cast[]``: one Python type each.
+
+    Arrays go in binary (``%b``): psycopg's text array dumper quotes each
+    element through a regular expression and writes each float with repr().
+    """
+    kind = _ELEMENT_TYPES.get(cast)
+    if kind is None:
+        return values
+    return [value if value is None or type(value) is kind else kind(value) for value in values]
+
+
 @dataclass(eq=False)
 class _Queued:
     """One fenced write waiting for its group's commit."""
@@ -517,14 +534,17 @@ class PostgresStore(SQLStore):
                     raise ValueError("a claim's rows change different columns")
                 # One statement for the batch: each column's values as one array.
                 types = self._types["intents"]
-                arrays = ", ".join(f"?::{types[column]}[]" for column in columns)
+                arrays = ", ".join(f"%b::{types[column]}[]" for column in columns)
                 sets = ", ".join(f"{column} = v.{column}" for column in columns if column != "id")
                 conn.execute(
                     self._sql(
                         f"UPDATE {{intents}} AS i SET {sets}"
                         f" FROM unnest({arrays}) AS v({', '.join(columns)}) WHERE i.id = v.id"
                     ),
-                    [[changes[column] for changes in taken] for column in columns],
+                    [
+                        binary_array(types[column], [changes[column] for changes in taken])
+                        for column in columns
+                    ],
                 )
         return claimed
 
@@ -578,7 +598,7 @@ class PostgresStore(SQLStore):
         columns = ", ".join(f"i.{name}" for name in COLUMN_NAMES)
         rows: list[tuple[Any, ...]] = conn.execute(
             self._sql(
-                f"SELECT {columns} FROM {{intents}} AS i WHERE i.id = ANY(?::bigint[])"
+                f"SELECT {columns} FROM {{intents}} AS i WHERE i.id = ANY(%b::bigint[])"
                 # A CASE, not ORs: the planner cannot turn it back into a scan of
                 # every due row; it filters the rows looked up by key.
                 " AND CASE i.state"
