@@ -478,10 +478,11 @@ def test_a_writer_interrupted_while_queued_does_not_stop_the_group(
             raise KeyboardInterrupt
 
     class Queued(_Queued):
-        def __init__(self, query: str, params: tuple[Any, ...], durable: bool) -> None:
-            super().__init__(query, params, durable)
-            if query == "interrupted":
-                self.done = Interrupted()
+        def waits(self) -> threading.Event:
+            if self.query != "interrupted":
+                return super().waits()
+            self.done = Interrupted()
+            return self.done
 
     monkeypatch.setattr(postgres, "_Queued", Queued)
     with pytest.raises(KeyboardInterrupt):

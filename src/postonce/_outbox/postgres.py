@@ -30,7 +30,6 @@ import select
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -38,7 +37,7 @@ import psycopg_pool
 from psycopg import sql
 
 from .._engine import CLOCK_TOLERANCE
-from .._exceptions import ConfigurationError, IntentConflict, OutboxError
+from .._exceptions import ConfigurationError, OutboxError
 from .._intent import TERMINAL
 from . import decide
 from .base import AttemptRecord, Lease, Opened
@@ -115,23 +114,35 @@ def binary_array(cast: str, values: list[Any]) -> list[Any]:
     return [value if value is None or type(value) is kind else kind(value) for value in values]
 
 
-@dataclass(eq=False)
 class _Queued:
     """One fenced write waiting for its group's commit."""
 
-    query: str
-    params: tuple[Any, ...]
-    durable: bool
-    done: threading.Event = field(default_factory=threading.Event)
-    finished: bool = False
-    lead: bool = False  # handed the lead: commit the next group
-    row: tuple[Any, ...] | None = None
-    error: BaseException | None = None
+    __slots__ = ("done", "durable", "error", "finished", "lead", "params", "query", "row")
+
+    def __init__(self, query: str, params: tuple[Any, ...], durable: bool) -> None:
+        self.query = query
+        self.params = params
+        self.durable = durable
+        # Made only for a write that waits (see _GroupCommit.run): a lone writer leads.
+        self.done: threading.Event | None = None
+        self.finished = False
+        self.lead = False  # handed the lead: commit the next group
+        self.row: tuple[Any, ...] | None = None
+        self.error: BaseException | None = None
 
     def result(self) -> tuple[Any, ...] | None:
         if self.error is not None:
             raise self.error
         return self.row
+
+    def waits(self) -> threading.Event:
+        """The event this write will wait on, made now (under the group's lock)."""
+        self.done = threading.Event()
+        return self.done
+
+    def wake(self) -> None:
+        if self.done is not None:
+            self.done.set()
 
 
 class _GroupCommit:
@@ -158,9 +169,11 @@ class _GroupCommit:
             self._queue.append(mine)
             lead = not self._leading
             self._leading = True
+            if not lead:  # before the lock is let go: the leader may wake it at once
+                done = mine.waits()
         if not lead:
             try:
-                mine.done.wait()
+                done.wait()
             except BaseException:  # interrupted (Ctrl-C): withdraw it, unless being committed
                 with self._lock:
                     if mine in self._queue:
@@ -183,16 +196,42 @@ class _GroupCommit:
                 if not queued.finished:  # the commit was interrupted: its outcome is unknown
                     queued.error = OutboxError("the group commit of this write was interrupted")
                     queued.finished = True
-                queued.done.set()
+                queued.wake()
         return mine.result()
 
     def _pass_lead(self) -> None:
         """Hand the lead to the oldest queued write, or give it up (holding the lock)."""
         if self._queue:
             self._queue[0].lead = True
-            self._queue[0].done.set()
+            self._queue[0].wake()
         else:
             self._leading = False
+
+
+class _Checkout:
+    """A pooled connection for one ``with`` block, given back after it; a driver error named.
+
+    ``pool.connection()`` for a connection in autocommit, in two calls rather than
+    a generator's four and the connection's own ``with`` (whose commit has nothing
+    to do in autocommit): one of these per record, on the drain's hot path.
+    """
+
+    __slots__ = ("_conn", "_store")
+
+    def __init__(self, store: PostgresStore) -> None:
+        self._store = store
+
+    def __enter__(self) -> psycopg.Connection[Any]:
+        try:
+            self._conn: psycopg.Connection[Any] = self._store._pool.getconn()
+        except psycopg.Error as exc:  # PoolTimeout among them
+            raise self._store._failed(exc) from exc
+        return self._conn
+
+    def __exit__(self, kind: object, exc: BaseException | None, trace: object) -> None:
+        self._store._pool.putconn(self._conn)  # rolled back by the pool; discarded if broken
+        if isinstance(exc, psycopg.Error) and not isinstance(exc, psycopg.IntegrityError):
+            raise self._store._failed(exc) from exc
 
 
 class PostgresStore(SQLStore):
@@ -302,16 +341,12 @@ class PostgresStore(SQLStore):
             types[names[str(table).rsplit(".", 1)[-1].strip('"')]][str(name)] = str(kind)
         return types
 
-    @contextmanager
-    def _connection(self) -> Iterator[psycopg.Connection[Any]]:
-        """A pooled connection; a broken one is discarded and the error named."""
-        try:
-            with self._pool.connection() as conn:
-                yield conn
-        except (OutboxError, IntentConflict, psycopg.IntegrityError):
-            raise
-        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
-            raise OutboxError(f"PostgreSQL outbox at {self._where} failed: {exc}") from exc
+    def _connection(self) -> _Checkout:
+        """A pooled connection for a ``with`` block; a broken one is discarded, the error named."""
+        return _Checkout(self)
+
+    def _failed(self, exc: BaseException) -> OutboxError:
+        return OutboxError(f"PostgreSQL outbox at {self._where} failed: {exc}")
 
     @contextmanager
     def _transaction(self, conn: psycopg.Connection[Any], durable: bool) -> Iterator[None]:
