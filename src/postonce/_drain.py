@@ -11,7 +11,9 @@ to ``expired`` and logged, never sent.
 from __future__ import annotations
 
 import contextvars
+import functools
 import logging
+import queue
 import signal
 import threading
 import time
@@ -138,12 +140,17 @@ class Turns:
     """
 
     def __init__(self, limit: int, tally: Tally) -> None:
-        self._free = threading.Semaphore(limit)
+        # One token a turn, in a queue of C: a threading.Semaphore is Python
+        # (a Condition), two of whose calls every drained intent would make.
+        self._free: queue.SimpleQueue[None] = queue.SimpleQueue()
+        for _ in range(limit):
+            self._free.put(None)
+        self._give_back = functools.partial(self._free.put, None)
         self._tally = tally
 
     def take(self) -> Turn:
-        self._free.acquire()
-        return Turn(self._free.release, self._tally)
+        self._free.get()
+        return Turn(self._give_back, self._tally)
 
 
 class AsyncTurns:
@@ -323,6 +330,20 @@ def run_drain(
     def in_context(opened: Opened) -> None:
         caller.copy().run(one, opened)
 
+    taking = threading.Lock()
+
+    def work(claimed: Iterator[Opened]) -> None:
+        """One of ``flows`` workers: the next claimed intent until none is left.
+
+        (Not a future per intent: each is a Condition, and its result a wait.)
+        """
+        while True:
+            with taking:
+                opened = next(claimed, None)
+            if opened is None:
+                return
+            in_context(opened)
+
     def claim_more() -> list[Opened] | None:
         """The next claims; None when the claim failed (logged, counted, waited out)."""
         try:
@@ -357,6 +378,6 @@ def run_drain(
                 for opened in claimed:
                     one(opened)
             else:
-                list(pool.map(in_context, claimed))
+                list(pool.map(work, [iter(claimed)] * min(flows, len(claimed))))
             batch = next_batch(batch, len(claimed), time.monotonic() - passed, least)
     return tally.report(time.monotonic() - began)
