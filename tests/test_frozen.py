@@ -15,8 +15,8 @@ import pytest
 
 from postonce._engine import Budget, Step
 from postonce._flow import Callback, Send, Sender, Sleep, StoreCall, _Tried, _Wire
-from postonce._frozen import TWIN_FROM, maker, quick_init
-from postonce._intent import IntentInfo, IntentRecord, StoredResponse
+from postonce._frozen import TWIN_FROM, maker, quick_init, replacer
+from postonce._intent import IntentInfo, IntentRecord, State, StoredResponse
 from postonce._outbox.base import AttemptRecord, Lease, NewIntent, Opened
 from postonce._wire import Prepared
 
@@ -240,9 +240,77 @@ class GenericWide(Generic[_Value]):
     e: _Value
 
 
+@quick_init
+@dataclass(frozen=True, slots=True)
+class GenericWideInts(Generic[_Value]):
+    """The shape of Quick, generic: no twin, so its replacer stores through descriptors."""
+
+    a: int
+    b: str
+    c: float | None
+    d: tuple[int, ...]
+    e: _Value | None = None
+
+
 def test_a_record_python_will_not_twin_is_built_as_before() -> None:
     """A record no twin can be made for (a generic one) is still decorated, and builds right."""
     assert "_twin" not in GenericWide.__init__.__code__.co_names
     for built in (GenericWide(1, 2, 3, 4, 5), maker(GenericWide)(1, 2, 3, 4, e=5)):
         assert type(built) is GenericWide
         assert dataclasses.astuple(built) == (1, 2, 3, 4, 5)
+
+
+@pytest.mark.parametrize(
+    "cls", [Quick, QuickWide, GenericWideInts], ids=["descriptors", "twin", "generic"]
+)
+@pytest.mark.parametrize(
+    "changes",
+    [{}, {"a": 9}, {"b": "y", "d": (7,)}, {"a": 2, "b": "z", "c": 1.5, "d": ()}],
+    ids=["none", "one", "two", "all"],
+)
+def test_a_replacer_copies_as_dataclasses_replace(cls: Any, changes: dict[str, Any]) -> None:
+    """replacer(cls)(record, **changes) is dataclasses.replace(record, **changes), and is new."""
+    record = cls(1, "x", None, (3,))
+    copied, replaced = replacer(cls)(record, **changes), dataclasses.replace(record, **changes)
+    assert type(copied) is cls
+    assert copied == replaced
+    assert dataclasses.astuple(copied) == dataclasses.astuple(replaced)
+    assert copied is not record
+    assert record == cls(1, "x", None, (3,))  # the original is untouched
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        copied.a = 2
+    with pytest.raises(TypeError):
+        replacer(cls)(record, zz=1)  # not a field, as with replace()
+    with pytest.raises(TypeError):
+        replacer(cls)(record, 5)  # fields by keyword only, as with replace()
+
+
+def test_a_replacer_keeps_a_subclass_instance_of_its_class() -> None:
+    """A subclass instance is copied as replace() does: still the subclass."""
+    child = QuickWideChild(1, "x", None, (), f="y")
+    copied = replacer(QuickWide)(child, a=5)
+    assert type(copied) is QuickWideChild
+    assert (copied.a, copied.b, copied.f) == (5, "x", "y")
+
+
+def test_only_a_quick_init_record_has_a_replacer() -> None:
+    """replacer() refuses a plain dataclass and a subclass quick_init did not build."""
+    for cls in (Plain, QuickWideChild):
+        with pytest.raises(TypeError):
+            replacer(cls)
+
+
+def test_the_hot_records_replace_as_dataclasses_does() -> None:
+    """A claim's copies of the intent record and its lease, by replacer and by replace()."""
+    record = IntentRecord(
+        *(3, "r", "k", "p", "POST", "http://x/", (("a", "b"),), b"{}", "f", State.PENDING),
+        *(1.0, None, 2.0, None, 1, None, None, None, None, None),
+    )
+    copied = replacer(IntentRecord)(
+        record, state=State.SENDING, first_delivery_at=2.0, lease_owner="o"
+    )
+    assert copied == dataclasses.replace(
+        record, state=State.SENDING, first_delivery_at=2.0, lease_owner="o"
+    )
+    lease = Lease(0, "t", "o", 5.0)
+    assert replacer(Lease)(lease, intent_id=3) == dataclasses.replace(lease, intent_id=3)

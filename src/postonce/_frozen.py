@@ -31,7 +31,7 @@ import sysconfig
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
-__all__ = ["TWIN_FROM", "maker", "quick_init"]
+__all__ = ["TWIN_FROM", "maker", "quick_init", "replacer"]
 
 _T = TypeVar("_T")
 _P = ParamSpec("_P")
@@ -99,13 +99,31 @@ def quick_init(cls: _T) -> _T:
         made = f"    self = _new(_twin)\n{lines(stores, '    ')}    self.__class__ = _cls\n"
     # The maker: the same record without the class call (see :func:`maker`).
     made += "    return self\n"
+    # The replacer: the record with some fields changed (see :func:`replacer`).
+    keep = "{0}=_keep"
+    kept = "_self.{0} if {0} is _keep else {0}"
+    if twin is None:
+        copied = "    self = _new(_cls)\n" + lines(f"_set_{{0}}(self, {kept})", "    ")
+    else:
+        copied = f"    self = _new(_twin)\n{lines(f'self.{{0}} = {kept}', '    ')}"
+        copied += "    self.__class__ = _cls\n"
+    given = ", ".join(f"({f.name!r}, {f.name})" for f in fields)
+    copied = (
+        "    if type(_self) is not _cls:  # a subclass: its own class call, as replace() does\n"
+        f"        return _replace(_self, **{{n: v for n, v in ({given},) if v is not _keep}})\n"
+        f"{copied}    return self\n"
+    )
+    namespace.update(_keep=_KEEP, _replace=dataclasses.replace)
     # Generated once per class, from its own field names, as dataclasses does.
     exec(f"def __init__(self, {', '.join(signature)}):\n{body}", namespace)  # noqa: S102
     exec(f"def make({', '.join(signature)}):\n{made}", namespace)  # noqa: S102
-    make = namespace["make"]
-    make.__qualname__ = f"{cls.__qualname__}.make"
-    make.__module__ = cls.__module__
-    cls._quick_make = staticmethod(make)  # type: ignore[attr-defined]  # read by maker()
+    changes = ", ".join(keep.format(f.name) for f in fields)
+    exec(f"def replace(_self, *, {changes}):\n{copied}", namespace)  # noqa: S102
+    for name, attribute in (("make", "_quick_make"), ("replace", "_quick_replace")):
+        function = namespace[name]
+        function.__qualname__ = f"{cls.__qualname__}.{name}"
+        function.__module__ = cls.__module__
+        setattr(cls, attribute, staticmethod(function))  # read by maker() and replacer()
     init = namespace["__init__"]
     generated = cls.__dict__["__init__"]
     if _shape(init) != _shape(generated):  # an InitVar, or a change in dataclasses
@@ -133,6 +151,26 @@ def maker(cls: Callable[_P, _T]) -> Callable[_P, _T]:
         raise TypeError(f"{cls!r} is not a quick_init record")
     built: Callable[_P, _T] = made.__func__
     return built
+
+
+def replacer(cls: type[_T]) -> Callable[..., _T]:
+    """A function that copies a ``cls`` record with some fields changed, as ``dataclasses.replace``.
+
+    ``dataclasses.replace`` reads every field into a dict of keywords and calls
+    the class with them; this one stores each field once, the given value or
+    the record's own (a drain's claim copies each intent it takes). The same
+    record, the same errors for a field that is not one; an instance of a
+    subclass is copied by ``dataclasses.replace`` itself, keeping its class.
+    """
+    made = cls.__dict__.get("_quick_replace")
+    if made is None:  # not quick_init's (a subclass inherits its parent's)
+        raise TypeError(f"{cls!r} is not a quick_init record")
+    copy: Callable[..., _T] = made.__func__
+    return copy
+
+
+#: A field the replacer was not given: the record's own value is kept.
+_KEEP: Any = object()
 
 
 def _twin(cls: type) -> type | None:
