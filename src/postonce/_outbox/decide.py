@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from json.encoder import encode_basestring_ascii as _json_string
 from typing import Any
 
-from .._frozen import maker
+from .._frozen import maker, replacer
 from .._intent import TERMINAL, IntentRecord, Outcome, State, StoredResponse, operator_move
 from .._sender import origin_of
 from ..providers import same_provider
@@ -96,6 +96,9 @@ def headers_json(headers: tuple[tuple[str, str], ...]) -> str:
 #: (the same records, in half the CPU: see ``maker``).
 _intent_record = maker(IntentRecord)
 _opened = maker(Opened)
+#: A drain's claim copies each intent it takes, and its lease (see ``replacer``).
+_copy_record = replacer(IntentRecord)
+_copy_lease = replacer(Lease)
 
 
 def insert_row(new: NewIntent, lease: Lease, now: float) -> Changes:
@@ -200,15 +203,15 @@ def taken(record: IntentRecord, lease: Lease, now: float, anchor: float) -> tupl
         "first_delivery_at": anchor,
         "updated_at": now,
     }
-    opened = Opened(
-        dataclasses.replace(
+    opened = _opened(
+        _copy_record(
             record,
             state=State.SENDING,
             first_delivery_at=anchor,
             lease_owner=lease.owner,
             lease_expires_at=lease.expires_at,
         ),
-        dataclasses.replace(lease, intent_id=record.id),
+        _copy_lease(lease, intent_id=record.id),
         created=False,
         conflict=None,
         anchor_before=record.first_delivery_at,

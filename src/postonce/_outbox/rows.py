@@ -95,6 +95,10 @@ def decode_attempt(row: tuple[Any, ...]) -> AttemptRecord:
     )
 
 
+#: Made for every row read, a drain's claim's among them (see ``maker``).
+_intent_record = maker(IntentRecord)
+
+
 def decode_row(row: tuple[Any, ...]) -> IntentRecord:
     (
         id_,
@@ -138,14 +142,14 @@ def decode_row(row: tuple[Any, ...]) -> IntentRecord:
         lease_expires_at = None
     response = None
     if r_status is not None:
-        response = StoredResponse(
+        response = _stored_response(
             status=int(r_status),
             headers=_pairs(r_headers),
             body=bytes(r_body or b""),
             truncated=bool(r_truncated),
             sha256=str(r_sha256 or ""),
         )
-    return IntentRecord(
+    return _intent_record(
         id=int(id_),
         reference=str(reference),
         key=str(key),
