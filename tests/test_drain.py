@@ -290,6 +290,41 @@ def test_drain_stop_event_releases_unsent_claims(
     assert leased == []
 
 
+def test_a_flow_that_raises_past_the_drain_stops_the_other_flows_taking_more(
+    server: LoopbackServer, make_sync_client: ClientFactory
+) -> None:
+    """SystemExit from one flow's send ends the drain after the sends under way, not the batch.
+
+    The drain claimed 16 intents for 4 flows; the third send raises. Each other
+    flow ends the intent it holds and takes no other: the intents not started
+    stay claimed for a later drain, unsent; none was sent twice.
+    """
+    client = make_sync_client(server.base_url, durability="normal")
+    keys = [pending_via_503(client, f"exit-{i}") for i in range(40)]
+    original, sends, lock = client._http.send, [0], threading.Lock()
+
+    def send(request: httpx.Request, **kwargs: object) -> httpx.Response:
+        with lock:
+            sends[0] += 1
+            third = sends[0] == 3
+        if third:
+            raise SystemExit("a transport that exits")
+        time.sleep(0.02)  # the others are under way when the third raises
+        return original(request)
+
+    client._http.send = send  # type: ignore[method-assign]
+    with pytest.raises(SystemExit):
+        client.drain(concurrency=4)
+    client._http.send = original  # type: ignore[method-assign]
+    assert sends[0] <= 3 + 2 * 3  # the third, and at most two more for each other flow
+    sent = [key for key in keys if len(server.requests_for(key)) > 1]  # the 503 counts one
+    assert len(sent) == sends[0] - 1  # each one reached the server once; the third never did
+    assert all(len(server.effects_for(key)) <= 1 for key in keys)
+    # The rest, the third among them (it raised before an attempt was recorded): unsent.
+    unsent = [r for r in client.outbox.list_intents() if r.attempts == 1]
+    assert len(unsent) == len(keys) - len(sent)
+
+
 @pytest.mark.parametrize("concurrency", [1, 3])
 def test_drain_has_at_most_concurrency_sends_in_flight(
     server: LoopbackServer, make_client: ClientFactory, concurrency: int

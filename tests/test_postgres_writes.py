@@ -452,6 +452,63 @@ def test_an_async_call_failing_on_postgresql_raises_outbox_error(store: Postgres
         thread.close()
 
 
+@pytest.mark.parametrize("where", ["making its event", "taking its group"])
+def test_a_writer_interrupted_on_its_way_in_leaves_the_group_whole(
+    monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """Ctrl-C as a write makes its event, or as the leader takes its group: later writes go on.
+
+    A write withdrawn before its group was taken must not stay queued with no
+    event (the lead handed to it would be lost, and every later write wait).
+    """
+    committed: list[list[str]] = []
+    busy, release = threading.Event(), threading.Event()
+
+    def commit(group: list[_Queued]) -> None:
+        if not committed:  # the first group waits until the interrupted write is gone
+            busy.set()
+            release.wait(5)
+        committed.append([q.query for q in group])
+        for q in group:
+            q.row, q.finished = (q.query,), True
+
+    group = _GroupCommit(commit)
+    if where == "making its event":
+        leader = threading.Thread(target=group.run, args=("first", (), False))
+        leader.start()
+        assert busy.wait(5)
+
+        class Queued(_Queued):
+            def waits(self) -> threading.Event:
+                raise KeyboardInterrupt  # the signal lands inside Event()
+
+        monkeypatch.setattr(postgres, "_Queued", Queued)
+        with pytest.raises(KeyboardInterrupt):
+            group.run("interrupted", (), False)
+        monkeypatch.setattr(postgres, "_Queued", _Queued)
+        release.set()
+        leader.join(5)
+        assert not leader.is_alive()
+    else:
+        committed.append([])  # no waiting in commit
+
+        class Taking(list[_Queued]):
+            def __getitem__(self, index: Any) -> Any:
+                raise KeyboardInterrupt  # the signal lands as the leader slices its group
+
+        group._queue = Taking()
+        with pytest.raises(KeyboardInterrupt):
+            group.run("interrupted", (), False)
+        group._queue = list(group._queue)
+    after: list[object] = []
+    writer = threading.Thread(target=lambda: after.append(group.run("after", (), False)))
+    writer.start()
+    writer.join(5)
+    assert after == [("after",)]  # the lead was not lost with the withdrawn write
+    assert "interrupted" not in [q for batch in committed for q in batch]
+    assert group._queue == []
+
+
 def test_a_writer_interrupted_while_queued_does_not_stop_the_group(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -331,18 +331,26 @@ def run_drain(
         caller.copy().run(one, opened)
 
     taking = threading.Lock()
+    broken: list[BaseException] = []
 
     def work(claimed: Iterator[Opened]) -> None:
         """One of ``flows`` workers: the next claimed intent until none is left.
 
         (Not a future per intent: each is a Condition, and its result a wait.)
+        Once a flow raises what ``process`` does not catch (SystemExit, say),
+        no worker starts another: the intents not started stay claimed, as
+        the futures not started were cancelled, and the drain raises it.
         """
         while True:
             with taking:
-                opened = next(claimed, None)
+                opened = None if broken else next(claimed, None)
             if opened is None:
                 return
-            in_context(opened)
+            try:
+                in_context(opened)
+            except BaseException as exc:
+                broken.append(exc)
+                raise
 
     def claim_more() -> list[Opened] | None:
         """The next claims; None when the claim failed (logged, counted, waited out)."""

@@ -163,41 +163,55 @@ class _GroupCommit:
         self._leading = False
 
     def run(self, query: str, params: tuple[Any, ...], durable: bool) -> tuple[Any, ...] | None:
-        """The first row ``query`` answered, once committed; None if it answered none."""
+        """The first row ``query`` answered, once committed; None if it answered none.
+
+        An interrupt (Ctrl-C) anywhere in here leaves the group whole: a write
+        withdrawn before its group was taken hands on the lead it held or was
+        handed, and a group taken is ended (committed, or failed) and woken.
+        """
         mine = _Queued(query, params, durable)
-        with self._lock:
-            self._queue.append(mine)
-            lead = not self._leading
-            self._leading = True
-            if not lead:  # before the lock is let go: the leader may wake it at once
-                done = mine.waits()
-        if not lead:
-            try:
+        lead = False
+        group: list[_Queued] = []
+        try:
+            with self._lock:
+                lead = not self._leading
+                if not lead:  # made before it is queued, so the leader can wake it
+                    done = mine.waits()
+                self._queue.append(mine)
+                self._leading = True
+            if not lead:
                 done.wait()
-            except BaseException:  # interrupted (Ctrl-C): withdraw it, unless being committed
+                if mine.finished:
+                    return mine.result()
+            # The lead: commit a group that starts with this write.
+            with self._lock:
+                group = self._queue[: self._most]
+                del self._queue[: self._most]
+            self._commit(group)
+        except BaseException:
+            if not group:  # withdrawn before its group was taken: the lead goes on
                 with self._lock:
                     if mine in self._queue:
                         self._queue.remove(mine)
-                        if mine.lead:  # the lead it was handed goes on
+                        if lead or mine.lead:
                             self._pass_lead()
-                raise
-            if mine.finished:
-                return mine.result()
-        # The lead: commit a group that starts with this write.
-        with self._lock:
-            group = self._queue[: self._most]
-            del self._queue[: self._most]
-        try:
-            self._commit(group)
+            raise
         finally:
-            with self._lock:
-                self._pass_lead()
-            for queued in group:
-                if not queued.finished:  # the commit was interrupted: its outcome is unknown
-                    queued.error = OutboxError("the group commit of this write was interrupted")
-                    queued.finished = True
-                queued.wake()
+            if group:
+                self._end(group)
         return mine.result()
+
+    def _end(self, group: list[_Queued]) -> None:
+        """Hand the lead on and wake ``group``'s writers; a write not finished failed."""
+        with self._lock:
+            if self._queue and self._queue[0] in group:  # interrupted as it was taken
+                self._queue[:] = [queued for queued in self._queue if queued not in group]
+            self._pass_lead()
+        for queued in group:
+            if not queued.finished:  # the commit was interrupted: its outcome is unknown
+                queued.error = OutboxError("the group commit of this write was interrupted")
+                queued.finished = True
+            queued.wake()
 
     def _pass_lead(self) -> None:
         """Hand the lead to the oldest queued write, or give it up (holding the lock)."""
