@@ -28,7 +28,7 @@ from postonce._intent import Outcome
 from postonce._outbox import postgres
 from postonce._outbox.base import AttemptRecord, Lease
 from postonce._outbox.locate import split_schema
-from postonce._outbox.postgres import PostgresStore, _GroupCommit, _Queued
+from postonce._outbox.postgres import PostgresStore, _GroupCommit, _Queued, binary_array
 from postonce._outbox.threaded import StoreThread
 from tests.conftest import PG_URL, pg_schema, record_final
 from tests.test_outbox import new_intent
@@ -551,3 +551,24 @@ def test_a_writer_interrupted_while_queued_does_not_stop_the_group(
     writer.join(5)
     assert after == [("after",)]  # the lead was not lost with the withdrawn write
     assert committed == [["first"], ["after"]]
+
+
+@pytest.mark.parametrize(
+    ("cast", "values", "sent"),
+    [
+        ("double precision", [1010, 1000.5, None], [1010.0, 1000.5, None]),
+        ("double precision", [1.5, 2.5], [1.5, 2.5]),
+        ("double precision", [], []),
+        ("double precision", [None, None], [None, None]),
+        ("bigint", [1, 2], [1, 2]),
+        ("text", ["sending", None], ["sending", None]),
+        ("double precision", [True, 1.5], [True, 1.5]),  # not an int: left for the driver
+    ],
+)
+def test_a_claims_arrays_widen_only_ints_among_times(
+    cast: str, values: list[object], sent: list[object]
+) -> None:
+    """binary_array makes a float column's ints floats and converts nothing else."""
+    converted = binary_array(cast, values)
+    assert converted == sent
+    assert [type(v) for v in converted] == [type(v) for v in sent]

@@ -160,7 +160,8 @@ def replacer(cls: type[_T]) -> Callable[..., _T]:
     the class with them; this one stores each field once, the given value or
     the record's own (a drain's claim copies each intent it takes). The same
     record, the same errors for a field that is not one; an instance of a
-    subclass is copied by ``dataclasses.replace`` itself, keeping its class.
+    subclass is copied by ``dataclasses.replace`` itself, keeping its class
+    (but only ``cls``'s fields can be changed: the parameters are ``cls``'s).
     """
     made = cls.__dict__.get("_quick_replace")
     if made is None:  # not quick_init's (a subclass inherits its parent's)

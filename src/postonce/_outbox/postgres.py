@@ -97,21 +97,18 @@ def _check_connection(conn: psycopg.Connection[Any]) -> None:
         psycopg_pool.ConnectionPool.check_connection(conn)
 
 
-#: What each column type's array elements must all be for psycopg's binary array
-#: dumper, which refuses a list of mixed types (an int due time among floats).
-_ELEMENT_TYPES: dict[str, type] = {"double precision": float, "bigint": int, "integer": int}
-
-
 def binary_array(cast: str, values: list[Any]) -> list[Any]:
-    """``values`` for a binary array parameter cast to ``cast[]``: one Python type each.
+    """``values`` for a binary array parameter cast to ``cast[]``: ints in a float column widened.
 
     Arrays go in binary (``%b``): psycopg's text array dumper quotes each
     element through a regular expression and writes each float with repr().
+    Both refuse a list that mixes ``int`` and ``float`` (a clock of whole
+    seconds beside the float times rows keep); nothing else is converted, so
+    any other mix is still the driver's error, named as an OutboxError.
     """
-    kind = _ELEMENT_TYPES.get(cast)
-    if kind is None:
+    if cast != "double precision":
         return values
-    return [value if value is None or type(value) is kind else kind(value) for value in values]
+    return [float(value) if type(value) is int else value for value in values]
 
 
 class _Queued:
@@ -226,8 +223,10 @@ class _Checkout:
     """A pooled connection for one ``with`` block, given back after it; a driver error named.
 
     ``pool.connection()`` for a connection in autocommit, in two calls rather than
-    a generator's four and the connection's own ``with`` (whose commit has nothing
-    to do in autocommit): one of these per record, on the drain's hot path.
+    a generator's four and the connection's own ``with``: one of these per record,
+    on the drain's hot path. Unlike ``pool.connection()`` it commits nothing on
+    the way out: every block here ends the transaction it opens (COMMIT, or
+    ``_abort``), and the pool rolls back one left open, with a warning.
     """
 
     __slots__ = ("_conn", "_store")
