@@ -23,6 +23,17 @@ start-up (imports, schema) cancelled out. Arms:
 * ``floor``: ``benchmarks/floor.py`` with ``synchronous=NORMAL``;
 * ``postonce``: ``postonce.Client(durability="normal").post_once(url, json=body)``.
 
+With ``--drain`` the arms are a drain's instead, per drained intent, on a
+PostgreSQL outbox (``--pg``; a fresh schema per run, filled with N due intents
+by the parent before the child starts, as ``bench_drain.py`` fills it):
+
+* ``raw``: ``httpx.Client.post`` of N requests, as ``bench_drain.py``'s raw arm;
+* ``floor``: ``benchmarks/drain_floor.py`` draining them;
+* ``postonce``: ``postonce.Client.drain()`` draining them;
+
+all at ``--concurrency`` (default 1). The child drains every intent it finds,
+so there is no warm-up: the difference of the two runs cancels the start-up.
+
 Python randomises string hashing per process, which moves dict and set layouts
 and so the count (repeat runs of one commit were up to ~2% apart). Each child
 therefore runs with a fixed ``PYTHONHASHSEED``; ``--seeds 0,1,2`` repeats every
@@ -38,6 +49,7 @@ Prints thousands of instructions per call and the ratios. Asserts nothing.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import shutil
@@ -73,6 +85,18 @@ def _arm_call(arm: str, url: str, workdir: Path) -> Callable[[], object]:
     return lambda: client.post_once(url, json=BODY)
 
 
+def drain_child(arm: str, outbox: str, url: str, concurrency: int, count: int) -> None:
+    """Send ``count`` requests (raw) or drain ``outbox``'s ``count`` intents (under callgrind)."""
+    import bench_drain
+
+    if arm == "raw":
+        bench_drain.time_raw(url, concurrency, count)
+    elif arm == "floor":
+        bench_drain.time_floor(outbox, url, concurrency, count)
+    else:
+        bench_drain.time_drain(outbox, url, concurrency, count)
+
+
 def child(arm: str, url: str, warmup: int, calls: int) -> None:
     """Make ``warmup`` then ``calls`` calls of ``arm`` (run under callgrind)."""
     workdir = Path(tempfile.mkdtemp(prefix=".tmp-instr-", dir=Path(__file__).resolve().parent))
@@ -86,6 +110,27 @@ def child(arm: str, url: str, warmup: int, calls: int) -> None:
 
 def _collected(arm: str, url: str, warmup: int, calls: int, seed: str) -> int:
     """Instructions the child executed (with ``PYTHONHASHSEED=seed``), as callgrind reports them."""
+    return _counted(["--child", arm, url, str(warmup), str(calls)], arm, seed)
+
+
+def _drained(arm: str, url: str, pg: str, concurrency: int, count: int, seed: str) -> int:
+    """The same for a drain arm: ``count`` due intents in a fresh schema, then the child."""
+    import bench_drain
+
+    outbox = bench_drain.fresh_postgres(pg)
+    try:
+        if arm != "raw":
+            bench_drain.fill(outbox, url, count)
+            if arm == "postonce":
+                bench_drain.adopt(outbox, url)  # as bench_drain.py does, before its clock
+        argv = ["--drain-child", arm, outbox, url, str(concurrency), str(count)]
+        return _counted(argv, arm, seed)
+    finally:
+        if arm != "raw":
+            bench_drain.drop_postgres(outbox)
+
+
+def _counted(argv: list[str], arm: str, seed: str) -> int:
     valgrind = shutil.which("valgrind")
     assert valgrind is not None
     done = subprocess.run(
@@ -95,11 +140,7 @@ def _collected(arm: str, url: str, warmup: int, calls: int, seed: str) -> int:
             "--callgrind-out-file=/dev/null",
             sys.executable,
             __file__,
-            "--child",
-            arm,
-            url,
-            str(warmup),
-            str(calls),
+            *argv,
         ],
         capture_output=True,
         text=True,
@@ -120,6 +161,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--seeds", default="0", help="comma-separated PYTHONHASHSEED values (default 0)"
     )
+    parser.add_argument(
+        "--drain", action="store_true", help="a drain's arms on PostgreSQL, per drained intent"
+    )
+    parser.add_argument("--concurrency", type=int, default=1, help="the drain's (default 1)")
+    parser.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432/test")
     return parser.parse_args(argv)
 
 
@@ -127,6 +173,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--child":
         arm, url, warmup, calls = sys.argv[2:6]
         child(arm, url, int(warmup), int(calls))
+        return 0
+    if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--drain-child":
+        arm, outbox, url, concurrency, count = sys.argv[2:7]
+        drain_child(arm, outbox, url, int(concurrency), int(count))
         return 0
     args = parse_args(argv)
     if shutil.which("valgrind") is None:
@@ -140,16 +190,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not seeds or not all(seed.isdigit() for seed in seeds):
             print(f"--seeds takes PYTHONHASHSEED values, integers: {args.seeds!r}")
             return 2
-        print(
-            f"calls: {args.calls} and {3 * args.calls} after {args.warmup} warm-up, per arm; "
-            f"PYTHONHASHSEED: {', '.join(seeds)}"
+        what = (
+            f"a drain on PostgreSQL at concurrency {args.concurrency}: {args.calls} and "
+            f"{3 * args.calls} intents"
+            if args.drain
+            else f"calls: {args.calls} and {3 * args.calls} after {args.warmup} warm-up"
         )
+        print(f"{what}, per arm; PYTHONHASHSEED: {', '.join(seeds)}")
+        unit = "intent" if args.drain else "call"
         per_call: dict[str, float] = {}
         for arm in arms:
             counts = []
             for seed in seeds:
-                short = _collected(arm, server.url, args.warmup, args.calls, seed)
-                long = _collected(arm, server.url, args.warmup, 3 * args.calls, seed)
+                if args.drain:
+                    run = functools.partial(_drained, arm, server.url, args.pg, args.concurrency)
+                    short, long = run(args.calls, seed), run(3 * args.calls, seed)
+                else:
+                    short = _collected(arm, server.url, args.warmup, args.calls, seed)
+                    long = _collected(arm, server.url, args.warmup, 3 * args.calls, seed)
                 counts.append((long - short) / (2 * args.calls))
             per_call[arm] = statistics.median(counts)
             spread = (
@@ -159,7 +217,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 else ""
             )
             print(
-                f"{arm:10s} {per_call[arm] / 1000:8.1f} k instructions per call{spread}", flush=True
+                f"{arm:10s} {per_call[arm] / 1000:8.1f} k instructions per {unit}{spread}",
+                flush=True,
             )
     finally:
         server.stop()
@@ -171,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parts.append(f"postonce/floor x{ours / floor:.2f}")
     if ours is not None and raw and floor:
         parts.append(f"postonce - floor {(ours - floor) / 1000:.0f}k")
-    print("SUMMARY instructions per call: " + ", ".join(parts))
+    print(f"SUMMARY instructions per {unit}{' (drain)' if args.drain else ''}: " + ", ".join(parts))
     return 0
 
 
