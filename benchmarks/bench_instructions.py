@@ -223,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         server.stop()
     raw, floor, ours = (per_call.get(arm) for arm in ARMS)
-    parts = []
+    parts = [f"{arm} {count / 1000:.1f}k" for arm, count in per_call.items()]
     if ours is not None and raw:
         parts.append(f"postonce/raw x{ours / raw:.2f}")
     if ours is not None and floor:
