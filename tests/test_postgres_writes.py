@@ -452,6 +452,26 @@ def test_an_async_call_failing_on_postgresql_raises_outbox_error(store: Postgres
         thread.close()
 
 
+def recording_group() -> tuple[_GroupCommit, list[list[str]], threading.Event, threading.Event]:
+    """A group commit that records what it commits, and the events that hold its first group.
+
+    The first group sets ``busy`` and holds until ``release`` is set, so other
+    writes can queue, or be interrupted, meanwhile.
+    """
+    committed: list[list[str]] = []
+    busy, release = threading.Event(), threading.Event()
+
+    def commit(group: list[_Queued]) -> None:
+        if not committed:
+            busy.set()
+            release.wait(5)
+        committed.append([q.query for q in group])
+        for q in group:
+            q.row, q.finished = (q.query,), True
+
+    return _GroupCommit(commit), committed, busy, release
+
+
 @pytest.mark.parametrize("where", ["making its event", "taking its group"])
 def test_a_writer_interrupted_on_its_way_in_leaves_the_group_whole(
     monkeypatch: pytest.MonkeyPatch, where: str
@@ -461,18 +481,7 @@ def test_a_writer_interrupted_on_its_way_in_leaves_the_group_whole(
     A write withdrawn before its group was taken must not stay queued with no
     event (the lead handed to it would be lost, and every later write wait).
     """
-    committed: list[list[str]] = []
-    busy, release = threading.Event(), threading.Event()
-
-    def commit(group: list[_Queued]) -> None:
-        if not committed:  # the first group waits until the interrupted write is gone
-            busy.set()
-            release.wait(5)
-        committed.append([q.query for q in group])
-        for q in group:
-            q.row, q.finished = (q.query,), True
-
-    group = _GroupCommit(commit)
+    group, committed, busy, release = recording_group()
     if where == "making its event":
         leader = threading.Thread(target=group.run, args=("first", (), False))
         leader.start()
@@ -513,18 +522,7 @@ def test_a_writer_interrupted_while_queued_does_not_stop_the_group(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A queued write withdrawn by Ctrl-C is never committed, and the lead still goes on."""
-    committed: list[list[str]] = []
-    busy, release = threading.Event(), threading.Event()
-
-    def commit(group: list[_Queued]) -> None:
-        if not committed:  # the first group waits until the others have queued
-            busy.set()
-            release.wait(5)
-        committed.append([q.query for q in group])
-        for q in group:
-            q.row, q.finished = (q.query,), True
-
-    group = _GroupCommit(commit)
+    group, committed, busy, release = recording_group()
     leader = threading.Thread(target=group.run, args=("first", (), False))
     leader.start()
     assert busy.wait(5)
