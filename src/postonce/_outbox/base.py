@@ -61,9 +61,11 @@ class Lease:
     fresh: bool = False
 
 
-#: Leases are taken on every call: built by their maker rather than the class call
-#: (the same record, in half the CPU: see ``maker``).
+#: Leases are taken on every call, and intent records made for every intent opened
+#: and every row read: built by their makers rather than the class call (the same
+#: records, in half the CPU: see ``maker``).
 new_lease = maker(Lease)
+new_intent_record = maker(IntentRecord)
 
 
 @quick_init

@@ -359,6 +359,7 @@ class PostgresStore(SQLStore):
         return _Checkout(self)
 
     def _failed(self, exc: BaseException) -> OutboxError:
+        """A driver's error, as the OutboxError naming this outbox (never its password)."""
         return OutboxError(f"PostgreSQL outbox at {self._where} failed: {exc}")
 
     @contextmanager
@@ -443,9 +444,7 @@ class PostgresStore(SQLStore):
                         except psycopg.Error as exc:
                             # Typed as outside a batch: callers (the drain's claim) catch
                             # OutboxError, never a driver's own exception.
-                            failed = OutboxError(
-                                f"PostgreSQL outbox at {self._where} failed: {exc}"
-                            )
+                            failed = self._failed(exc)
                             failed.__cause__ = exc
                             results.append((False, failed))
                         except Exception as exc:
@@ -681,7 +680,7 @@ class PostgresStore(SQLStore):
                 for _ in conn.notifies(timeout=max(0.0, timeout), stop_after=1):
                     break
         except psycopg.Error as exc:
-            raise OutboxError(f"PostgreSQL outbox at {self._where} failed: {exc}") from exc
+            raise self._failed(exc) from exc
 
     def close(self) -> None:
         self._pool.close()

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from .._exceptions import OutboxError
 from .._frozen import maker
 from .._intent import TERMINAL, IntentRecord, Outcome, State, StoredResponse
-from .base import AttemptRecord
+from .base import AttemptRecord, new_intent_record
 
 if TYPE_CHECKING:
     from .base import Store
@@ -95,10 +95,6 @@ def decode_attempt(row: tuple[Any, ...]) -> AttemptRecord:
     )
 
 
-#: Made for every row read, a drain's claim's among them (see ``maker``).
-_intent_record = maker(IntentRecord)
-
-
 def decode_row(row: tuple[Any, ...]) -> IntentRecord:
     (
         id_,
@@ -149,7 +145,7 @@ def decode_row(row: tuple[Any, ...]) -> IntentRecord:
             truncated=bool(r_truncated),
             sha256=str(r_sha256 or ""),
         )
-    return _intent_record(
+    return new_intent_record(
         id=int(id_),
         reference=str(reference),
         key=str(key),
