@@ -23,7 +23,7 @@ from psycopg import sql
 import postonce
 from postonce._intent import Outcome, State, StoredResponse
 from postonce._outbox.base import AttemptRecord, Lease, NewIntent
-from postonce._outbox.locate import split_schema
+from postonce._outbox.locate import open_store, split_schema
 from postonce._sender import origin_of
 from postonce.testing import MemoryOutbox
 from tests.http_library import HTTP_LIBRARY, default_transport
@@ -152,6 +152,28 @@ def server() -> Iterator[LoopbackServer]:
     thread.join(timeout=10)
 
 
+class SlowRecord:
+    """Replaces a store's ``record``: says when a record has begun, then holds it ``hold`` s."""
+
+    def __init__(self, store: Any, hold: float) -> None:
+        self.real = store.record
+        self.hold = hold
+        self.started = threading.Event()
+        self.finished = threading.Event()
+        self.threads: set[str] = set()
+        store.record = self
+
+    def __call__(self, *args: Any, **kwargs: Any) -> bool:
+        self.threads.add(threading.current_thread().name)
+        self.started.set()
+        time.sleep(self.hold)
+        try:
+            done: bool = self.real(*args, **kwargs)
+            return done
+        finally:
+            self.finished.set()
+
+
 @pytest.fixture
 def outbox_path(tmp_path: Path) -> Path:
     """A fresh SQLite outbox file for one test."""
@@ -206,6 +228,17 @@ def outbox(backend: str, tmp_path: Path) -> Iterator[OutboxUnderTest]:
 def another_outbox(backend: str, tmp_path: Path) -> Iterator[OutboxUnderTest]:
     """A second, separate outbox of the same backend (another system)."""
     yield from _outbox_for(backend, tmp_path, "another")
+
+
+def stored_intent(spec: OutboxUnderTest, intent: str) -> tuple[postonce.IntentRecord, list[str]]:
+    """The intent and its attempts' outcomes, read by a store of its own."""
+    store = open_store(spec)
+    try:
+        record = store.get(intent)
+        assert record is not None
+        return record, [a.outcome.value for a in store.attempts(intent)]
+    finally:
+        store.close()
 
 
 def outbox_bytes(spec: OutboxUnderTest) -> bytes:

@@ -22,7 +22,14 @@ import postonce
 from postonce import SQLiteStore, State
 from postonce._outbox.locate import open_store
 from postonce._outbox.threaded import StoreThread
-from tests.conftest import FAST, LoopbackServer, OutboxUnderTest, pg_schema
+from tests.conftest import (
+    FAST,
+    LoopbackServer,
+    OutboxUnderTest,
+    SlowRecord,
+    pg_schema,
+    stored_intent,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
 
@@ -156,6 +163,45 @@ def test_cancelled_mid_send_leaves_the_intent_pending_and_unleased(
 
     report = run(finish)
     assert (report.succeeded, report.replayed) == (1, 1)
+    assert len(server.effects_for(key)) == 1
+
+
+def test_cancelled_mid_record_keeps_the_answer(
+    server: LoopbackServer, outbox: OutboxUnderTest
+) -> None:
+    """Cancelled while its 2xx is being recorded on the writer: the record still commits.
+
+    The cancel reaches the caller only after the record's commit: nothing is
+    left leased or pending, and no drain sends it again. The caller's wait for
+    the record is cancelled and waits again, shielded, for the same call: on
+    every outbox (SQLite's one writer batches it; PostgreSQL's workers run it
+    alone).
+    """
+
+    async def main() -> tuple[str, bool]:
+        async with postonce.AsyncClient(server.base_url, outbox=outbox, retry=FAST) as client:
+            slow = SlowRecord(client.outbox, hold=0.6)
+            with anyio.move_on_after(0.3) as scope:
+                await client.post_once("/ietf/v1/charges", json={"amount": 2}, intent="mid-record")
+            assert slow.started.is_set(), "the cancel came before the record began"
+            # Given back only after the shielded record committed:
+            committed = slow.finished.is_set()
+            assert slow.threads == {"postonce-outbox-writer"}
+            record = await client.lookup("mid-record")
+            assert record is not None
+            return record.key, scope.cancelled_caught and committed
+
+    key, cancelled_after_commit = run(main)
+    assert cancelled_after_commit
+    record, outcomes = stored_intent(outbox, "mid-record")
+    assert (record.state, record.lease_owner, record.attempts) == (State.SUCCEEDED, None, 1)
+    assert outcomes == ["final"]
+
+    async def drain() -> postonce.DrainReport:
+        async with postonce.AsyncClient(server.base_url, outbox=outbox, retry=FAST) as c:
+            return await c.drain()
+
+    assert run(drain).claimed == 0
     assert len(server.effects_for(key)) == 1
 
 

@@ -2,18 +2,16 @@
 
 On PostgreSQL an AsyncClient's store calls run side by side on worker threads
 (``StoreThread``), not in the one writer's batches SQLite gets. These tests
-take the real path (a loopback server, the real PostgreSQL) and stop the call
-at its worst moments: while its answer's record is running on a worker, and
-while the client is being closed. (A cancel while the server holds the request
-is tested on every outbox in test_async.py.)
+take the real path (a loopback server, the real PostgreSQL) and close the
+client while a record runs on a worker. (A cancel while the server holds the
+request, or while the answer's record runs, is tested on every outbox in
+test_async.py.)
 """
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import anyio
 import pytest
@@ -21,7 +19,7 @@ import pytest
 import postonce
 from postonce import State
 from postonce._outbox.locate import open_store
-from tests.conftest import FAST, LoopbackServer, pg_schema
+from tests.conftest import FAST, LoopbackServer, SlowRecord, pg_schema, stored_intent
 
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
 
@@ -38,75 +36,6 @@ def run(main: Callable[[], Awaitable[T]]) -> T:
 def pg_outbox() -> Iterator[str]:
     with pg_schema() as url:
         yield url
-
-
-class SlowRecord:
-    """Replaces a store's ``record``: says when a record has begun, then holds it ``hold`` s."""
-
-    def __init__(self, store: Any, hold: float) -> None:
-        self.real = store.record
-        self.hold = hold
-        self.started = threading.Event()
-        self.finished = threading.Event()
-        self.threads: set[str] = set()
-        store.record = self
-
-    def __call__(self, *args: Any, **kwargs: Any) -> bool:
-        self.threads.add(threading.current_thread().name)
-        self.started.set()
-        time.sleep(self.hold)
-        try:
-            done: bool = self.real(*args, **kwargs)
-            return done
-        finally:
-            self.finished.set()
-
-
-def stored(url: str, intent: str) -> tuple[postonce.IntentRecord, list[str]]:
-    """The intent and its attempts' outcomes, read by a store of its own."""
-    store = open_store(url)
-    try:
-        record = store.get(intent)
-        assert record is not None
-        return record, [a.outcome.value for a in store.attempts(intent)]
-    finally:
-        store.close()
-
-
-def test_cancelled_mid_record_on_postgresql_keeps_the_answer(
-    server: LoopbackServer, pg_outbox: str
-) -> None:
-    """Cancelled while its 2xx is being recorded on a worker: the record still commits.
-
-    The cancel reaches the caller only after the record's commit: nothing is
-    left leased or pending, and no drain sends it again.
-    """
-
-    async def main() -> tuple[str, bool]:
-        async with postonce.AsyncClient(server.base_url, outbox=pg_outbox, retry=FAST) as client:
-            slow = SlowRecord(client.outbox, hold=0.6)
-            with anyio.move_on_after(0.3) as scope:
-                await client.post_once(CHARGES, json={"amount": 2}, intent="mid-record")
-            assert slow.started.is_set(), "the cancel came before the record began"
-            # Given back only after the shielded record committed:
-            committed = slow.finished.is_set()
-            assert slow.threads == {"postonce-outbox-writer"}
-            record = await client.lookup("mid-record")
-            assert record is not None
-            return record.key, scope.cancelled_caught and committed
-
-    key, cancelled_after_commit = run(main)
-    assert cancelled_after_commit
-    record, outcomes = stored(pg_outbox, "mid-record")
-    assert (record.state, record.lease_owner, record.attempts) == (State.SUCCEEDED, None, 1)
-    assert outcomes == ["final"]
-
-    async def drain() -> postonce.DrainReport:
-        async with postonce.AsyncClient(server.base_url, outbox=pg_outbox, retry=FAST) as c:
-            return await c.drain()
-
-    assert run(drain).claimed == 0
-    assert len(server.effects_for(key)) == 1
 
 
 def test_aclose_with_a_record_on_a_worker_answers_the_call_first(
@@ -142,7 +71,7 @@ def test_aclose_with_a_record_on_a_worker_answers_the_call_first(
 
     status, key = run(main)
     assert status == 201
-    record, outcomes = stored(pg_outbox, "closing")
+    record, outcomes = stored_intent(pg_outbox, "closing")
     assert (record.state, record.lease_owner) == (State.SUCCEEDED, None)
     assert outcomes == ["final"]
     assert len(server.effects_for(key)) == 1

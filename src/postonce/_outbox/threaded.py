@@ -25,7 +25,6 @@ import functools
 import queue
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -42,33 +41,71 @@ _BATCH_MAX = 512
 
 def loop_notifier() -> Callable[[Callable[[], object]], object]:
     """A thread-safe way to run a callback on the current event loop."""
+    return _current_loop()[0]
+
+
+def _current_loop() -> tuple[Callable[[Callable[[], object]], object], Any]:
+    """The current event loop's thread-safe notifier, and the loop itself on asyncio (else None)."""
     if sniffio.current_async_library() == "trio":
         import trio
 
-        return trio.lowlevel.current_trio_token().run_sync_soon
+        return trio.lowlevel.current_trio_token().run_sync_soon, None
     import asyncio
 
-    return asyncio.get_running_loop().call_soon_threadsafe
+    loop = asyncio.get_running_loop()
+    return loop.call_soon_threadsafe, loop
 
 
 def _wake(tickets: list[Ticket]) -> None:
     for ticket in tickets:
-        ticket.event.set()
+        ticket.settle()
 
 
-@dataclass(eq=False)
 class Ticket:
-    """One queued store call; ``await ticket.wait()`` gives its result or raises its error."""
+    """One queued store call; ``await ticket.wait()`` gives its result or raises its error.
 
-    method: str
-    kwargs: dict[str, Any]
-    notify: Callable[[Callable[[], object]], object]
-    event: anyio.Event = field(default_factory=anyio.Event)
-    ok: bool = False
-    result: Any = None
+    It is settled on its caller's event loop (the writer hands :meth:`settle`
+    to ``notify``), so waiting and settling never race. On asyncio a waiter
+    blocks on a bare future of its loop, as ``asyncio.Event`` does inside,
+    without anyio's event around it (two are made per call); elsewhere (trio)
+    on an ``anyio.Event``. Each wait makes its own: a wait cancelled (its
+    future cancelled with it) can wait again, shielded, for the same call.
+    """
+
+    __slots__ = ("_loop", "_waiter", "kwargs", "method", "notify", "ok", "result", "settled")
+
+    def __init__(
+        self,
+        method: str,
+        kwargs: dict[str, Any],
+        notify: Callable[[Callable[[], object]], object],
+        loop: Any = None,
+    ) -> None:
+        self.method, self.kwargs, self.notify, self._loop = method, kwargs, notify, loop
+        self.ok = False
+        self.result: Any = None
+        self.settled = False
+        self._waiter: Any = None  # the future or event the caller waits on, if it waits
+
+    def settle(self) -> None:
+        """Wake the caller (on its loop): ``ok`` and ``result`` are final."""
+        self.settled = True
+        waiter = self._waiter
+        if waiter is None:
+            return
+        if self._loop is None:
+            waiter.set()
+        elif not waiter.done():  # not cancelled meanwhile
+            waiter.set_result(None)
 
     async def wait(self) -> Any:
-        await self.event.wait()
+        while not self.settled:
+            if self._loop is None:
+                event = self._waiter = anyio.Event()
+                await event.wait()
+            else:
+                future = self._waiter = self._loop.create_future()
+                await future
         if not self.ok:
             raise self.result
         return self.result
@@ -102,8 +139,8 @@ class StoreThread:
         together, so they can share one transaction: the answers of many
         intents commit in one group, and each caller resumes after it.
         """
-        notify = loop_notifier()
-        ticket = Ticket(method, kwargs, notify)
+        notify, loop = _current_loop()
+        ticket = Ticket(method, kwargs, notify, loop)
         if self._side_by_side:
             self._alone(ticket)
             return ticket
