@@ -42,7 +42,10 @@ fsyncs and flatter postonce.
 The server is ``bench_sync.py``'s raw asyncio HTTP/1.1 keep-alive server in
 its own process, pinned to the second available CPU; this process pins itself
 to the first. The server is stopped at the end, on Ctrl-C and on errors; every
-run is bounded by ``--run-timeout``. The outboxes live under a fresh
+run is bounded by ``--run-timeout``. A run that raises (a transport error, the
+timeout) loses only itself: it is printed as ``FAILED``, left out of every
+figure (its repeat's ratios with it) and listed at the end, and the SUMMARY
+counts the failed runs. The outboxes live under a fresh
 ``.tmp-async-*`` directory in ``benchmarks/`` (``--dir`` picks another parent),
 deleted at the end. Nothing is asserted about the timings: the script only prints.
 """
@@ -52,6 +55,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import math
 import os
 import platform
 import random
@@ -61,7 +65,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -108,10 +112,26 @@ class RunResult:
 class Results:
     rates: dict[tuple[int, Candidate], list[float]] = field(default_factory=dict)
     last: dict[tuple[int, Candidate], RunResult] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
 
     def add(self, concurrency: int, candidate: Candidate, result: RunResult) -> None:
         self.rates.setdefault((concurrency, candidate), []).append(result.rate)
         self.last[(concurrency, candidate)] = result
+
+    def fail(
+        self, concurrency: int, candidate: Candidate, repeat: int, error: BaseException
+    ) -> None:
+        """A run that raised: NaN in its repeat's place, left out of every figure, and listed."""
+        self.rates.setdefault((concurrency, candidate), []).append(math.nan)
+        self.failures.append(
+            f"{candidate.name} c={concurrency} repeat {repeat}: {type(error).__name__}"
+        )
+
+
+def _kept(values: Iterable[float]) -> Spread:
+    """The spread of the runs that finished (NaN, shown as nan, if none did)."""
+    finished = [v for v in values if not math.isnan(v)]
+    return Spread.of(finished or [math.nan])
 
 
 # -- one candidate run -------------------------------------------------------------
@@ -230,10 +250,15 @@ async def run_all(
             rng.shuffle(order)
             line: list[str] = []
             for candidate in order:
-                with anyio.fail_after(args.run_timeout):
-                    result = await run_candidate(
-                        candidate, url, concurrency, args.requests, args.warmup, workdir
-                    )
+                try:
+                    with anyio.fail_after(args.run_timeout):
+                        result = await run_candidate(
+                            candidate, url, concurrency, args.requests, args.warmup, workdir
+                        )
+                except Exception as exc:  # one arm's failure (or timeout) loses only its run
+                    results.fail(concurrency, candidate, repeat + 1, exc)
+                    line.append(f"{candidate.name} FAILED ({type(exc).__name__})")
+                    continue
                 results.add(concurrency, candidate, result)
                 line.append(f"{candidate.name} {result.rate:.0f}/s")
             print(f"repeat {repeat + 1} c={concurrency:<3} " + "  ".join(line), flush=True)
@@ -285,7 +310,7 @@ COLLAPSE = 0.8  # raw below 0.8x its own rate at a lower concurrency: its pool i
 
 
 def rates(results: Results, concurrency: int, kind: Kind, transport: TransportName) -> Spread:
-    return Spread.of(results.rates[(concurrency, Candidate(kind, transport))])
+    return _kept(results.rates[(concurrency, Candidate(kind, transport))])
 
 
 def ratio_spread(
@@ -298,7 +323,7 @@ def ratio_spread(
     """``kind`` / ``against`` throughput, computed within each repeat (they ran side by side)."""
     top = results.rates[(concurrency, Candidate(kind, transport))]
     bottom = results.rates[(concurrency, Candidate(against, transport))]
-    return Spread.of(t / b for t, b in zip(top, bottom, strict=True))
+    return _kept(t / b for t, b in zip(top, bottom, strict=True))  # a failed run's is NaN
 
 
 def report(results: Results, levels: Sequence[int]) -> None:
@@ -310,9 +335,10 @@ def report(results: Results, levels: Sequence[int]) -> None:
     )
     for concurrency in levels:
         for transport in TRANSPORTS:
-            last = results.last[(concurrency, Candidate("postonce", transport))]
+            none = RunResult(math.nan, 0, 0)  # every run of the arm failed
+            last = results.last.get((concurrency, Candidate("postonce", transport)), none)
             per_batch = last.calls / last.batches if last.batches else 0.0
-            lf = results.last[(concurrency, Candidate("floor", transport))]
+            lf = results.last.get((concurrency, Candidate("floor", transport)), none)
             floor_per_batch = lf.calls / lf.batches if lf.batches else 0.0
             print(
                 f"{concurrency:>4}  {transport:<9}"
@@ -367,6 +393,8 @@ def report(results: Results, levels: Sequence[int]) -> None:
     ]
     if unstable:
         print(f"UNSTABLE (repeats differ by > 30%): {', '.join(unstable)}")
+    if results.failures:
+        print(f"FAILED runs, left out of every figure: {'; '.join(results.failures)}")
     default = " ".join(
         f"raw c={c} {rates(results, c, 'raw', 'default').median:.0f}/s "
         f"postonce c={c} {rates(results, c, 'postonce', 'default').median:.0f}/s"
@@ -378,7 +406,7 @@ def report(results: Results, levels: Sequence[int]) -> None:
         f"x{ratio_spread(results, top, 'aiohttp', against='floor').median:.2f}; default transport "
         f"{default}{' (raw crippled at c=' + str(top) + ')' if crippled else ''}; "
         f"best default postonce/best default raw x{best_once / best_raw:.2f}; "
-        f"unstable: {', '.join(unstable) or 'none'}"
+        f"unstable: {', '.join(unstable) or 'none'}; failed runs: {len(results.failures)}"
     )
 
 
