@@ -340,6 +340,51 @@ def test_a_stored_intent_opened_again_in_a_batch_leaves_the_batch_whole(
         store.close()
 
 
+def test_a_call_that_fails_half_way_in_a_batch_is_undone_alone(
+    outbox_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite: a batch call that fails after one of its statements ran changes nothing.
+
+    The batch runs again with each call in a savepoint: the failing call's
+    statement is rolled back with it, and the other calls commit.
+    """
+    store = SQLiteStore(outbox_path, durability="normal")
+    try:
+        opened = store.open_intent(new_intent("r-1", "k-1"), owner="a", now=1000.0, lease_for=10)
+        real = store._count_attempt
+
+        def count_then_fail(*args: object, **kwargs: object) -> int | None:
+            real(*args, **kwargs)  # type: ignore[arg-type]  # the UPDATE has run
+            raise RuntimeError("failed after its UPDATE")
+
+        monkeypatch.setattr(store, "_count_attempt", count_then_fail)
+        assert opened.lease is not None
+        record = {
+            "lease": opened.lease,
+            "attempt": AttemptRecord(1000.0, 0.1, Outcome.FINAL, 201, None, False),
+            "state": State.SUCCEEDED,
+            "anchor": 1000.0,
+            "due_at": None,
+            "lease_until": None,
+            "response": None,
+            "note": None,
+            "durable": False,
+        }
+        call = {"owner": "a", "now": 1000.0, "lease_for": 10}
+        (recorded, other) = store.run_batch(
+            [("record", record), ("open_intent", {"new": new_intent("r-2", "k-2"), **call})]
+        )
+        assert recorded[0] is False
+        assert isinstance(recorded[1], RuntimeError)
+        assert other[0] is True
+        stored = store.get("r-1")
+        assert stored is not None
+        assert (stored.state, stored.attempts) == (State.SENDING, 0)  # its UPDATE undone
+        assert store.get("r-2") is not None  # the rest of the batch committed
+    finally:
+        store.close()
+
+
 def lease_index(path: Path) -> list[tuple[str, float]]:
     """(reference, lease_expires_at) of every row the lease index holds, read with sqlite3."""
     conn = sqlite3.connect(path)
