@@ -313,6 +313,51 @@ def test_a_stale_lease_reads_as_none(
     assert record.lease_expires_at == lease_expires_at
 
 
+@pytest.mark.parametrize("state", list(State), ids=lambda s: s.value)
+@pytest.mark.parametrize("outcome", list(Outcome), ids=lambda o: o.value)
+def test_stored_states_and_outcomes_are_plain_strings(state: State, outcome: Outcome) -> None:
+    """What a store binds is the value as a plain ``str``, never the enum member.
+
+    A ``str`` subclass takes sqlite3's adapter path on every bind, and the
+    value is what the schema's CHECKs and every reader compare.
+    """
+    attempt = AttemptRecord(NOW, 0.25, outcome, 201, None, False)
+    changes = decide.recorded(
+        LEASE, attempt, state=state, anchor=None, due_at=None, lease_until=None,
+        response=None, note=None,
+    )  # fmt: skip
+    row = decide.attempt_row(LEASE, 2, attempt, changes, carry=False)
+    assert row is not None
+    values = (changes["state"], changes["last_outcome"], row["outcome"])
+    assert [type(v) for v in values] == [str, str, str]
+    assert values == (state.value, outcome.value, outcome.value)
+    for fixed in (decide.insert_row(NEW, LEASE, NOW), decide.released(NOW, None, None)):
+        assert type(fixed["state"]) is str
+
+
+@pytest.mark.parametrize("state", list(State), ids=lambda s: s.value)
+@pytest.mark.parametrize("outcome", [None, *Outcome], ids=lambda o: o.value if o else "none")
+def test_a_row_decodes_every_state_and_outcome_to_its_member(
+    state: State, outcome: Outcome | None
+) -> None:
+    """decode_row: each stored value reads back as the member itself (not an equal string)."""
+    record = decode_row(
+        _row(state=state.value, last_outcome=outcome.value if outcome else None, lease_owner="me")
+    )
+    assert type(record.state) is State
+    assert record.state is state
+    assert record.last_outcome is outcome
+
+
+@pytest.mark.parametrize(
+    "columns", [{"state": "lost"}, {"last_outcome": "maybe"}], ids=["state", "outcome"]
+)
+def test_a_row_with_a_value_no_member_has_is_refused(columns: dict[str, Any]) -> None:
+    """decode_row: a value outside the enums raises ValueError, as the enum's class does."""
+    with pytest.raises(ValueError, match="is not a valid"):
+        decode_row(_row(**columns))
+
+
 @pytest.mark.parametrize(
     "pairs",
     [

@@ -67,6 +67,11 @@ COLUMN_NAMES = (
     "settled_at",
 )
 COLUMNS = ", ".join(COLUMN_NAMES)
+# A stored value's member by a dict lookup: ``State(value)`` runs the enum
+# metaclass's Python ``__call__`` and ``__new__`` (every claimed row is decoded).
+# A value not in them goes through the class, which raises ValueError as before.
+_STATE_OF: dict[str, State] = {state.value: state for state in State}
+_OUTCOME_OF: dict[str, Outcome] = {outcome.value: outcome for outcome in Outcome}
 # Headers that describe the stored bytes' transport, not the answer itself.
 _DROP_RESPONSE_HEADERS = frozenset(
     {"content-encoding", "content-length", "transfer-encoding", "set-cookie", "connection"}
@@ -130,7 +135,7 @@ def decode_row(row: tuple[Any, ...]) -> IntentRecord:
         settle_error,
         settled_at,
     ) = row
-    state = State(state)
+    state = _STATE_OF.get(state) or State(state)
     if state in TERMINAL and lease_owner is None:
         # An ended intent that handed its lease back: a store may have left the
         # expiry in the row (decide.lease_exit_deferred; on SQLite for good, where
@@ -161,7 +166,9 @@ def decode_row(row: tuple[Any, ...]) -> IntentRecord:
         due_at=_time(due_at),
         deadline_at=_time(deadline_at),
         attempts=int(attempts),
-        last_outcome=Outcome(last_outcome) if last_outcome else None,
+        last_outcome=(_OUTCOME_OF.get(last_outcome) or Outcome(last_outcome))
+        if last_outcome
+        else None,
         lease_owner=lease_owner,
         lease_expires_at=_time(lease_expires_at),
         response=response,
