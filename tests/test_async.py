@@ -166,8 +166,9 @@ def test_cancelled_mid_send_leaves_the_intent_pending_and_unleased(
     assert len(server.effects_for(key)) == 1
 
 
+@pytest.mark.parametrize("backend_lib", ["asyncio", "trio"])
 def test_cancelled_mid_record_keeps_the_answer(
-    server: LoopbackServer, outbox: OutboxUnderTest
+    server: LoopbackServer, outbox: OutboxUnderTest, backend_lib: str
 ) -> None:
     """Cancelled while its 2xx is being recorded on the writer: the record still commits.
 
@@ -175,7 +176,7 @@ def test_cancelled_mid_record_keeps_the_answer(
     left leased or pending, and no drain sends it again. The caller's wait for
     the record is cancelled and waits again, shielded, for the same call: on
     every outbox (SQLite's one writer batches it; PostgreSQL's workers run it
-    alone).
+    alone), on asyncio (a future of the loop) and trio (an event).
     """
 
     async def main() -> tuple[str, bool]:
@@ -191,7 +192,7 @@ def test_cancelled_mid_record_keeps_the_answer(
             assert record is not None
             return record.key, scope.cancelled_caught and committed
 
-    key, cancelled_after_commit = run(main)
+    key, cancelled_after_commit = run(main, backend=backend_lib)
     assert cancelled_after_commit
     record, outcomes = stored_intent(outbox, "mid-record")
     assert (record.state, record.lease_owner, record.attempts) == (State.SUCCEEDED, None, 1)
@@ -203,6 +204,41 @@ def test_cancelled_mid_record_keeps_the_answer(
 
     assert run(drain).claimed == 0
     assert len(server.effects_for(key)) == 1
+
+
+@pytest.mark.parametrize("backend_lib", ["asyncio", "trio"])
+def test_calls_cancelled_while_queued_leave_the_others_of_their_batch_woken(
+    server: LoopbackServer, outbox: OutboxUnderTest, backend_lib: str
+) -> None:
+    """Store calls cancelled before their answer came, in one batch with calls that wait.
+
+    A cancelled caller's wake-up finds its wait gone; the wake-ups of the others
+    handed over with it still arrive (none waits forever), and so do later calls.
+    """
+
+    async def main() -> postonce.IntentRecord | None:
+        async with postonce.AsyncClient(server.base_url, outbox=outbox, retry=FAST) as client:
+            await client.post_once("/ietf/v1/charges", json={"amount": 2}, intent="a")
+
+            async def cancelled_lookup() -> None:
+                with anyio.CancelScope() as scope:
+                    scope.cancel()
+                    await client.lookup("a")
+
+            async def lookup() -> None:
+                with anyio.fail_after(5):
+                    assert await client.lookup("a") is not None
+
+            async with anyio.create_task_group() as group:
+                for _ in range(5):
+                    group.start_soon(cancelled_lookup)
+                    group.start_soon(lookup)
+            with anyio.move_on_after(0.0):
+                await client.lookup("a")
+            with anyio.fail_after(5):
+                return await client.lookup("a")
+
+    assert run(main, backend=backend_lib) is not None
 
 
 def test_cancelled_during_a_retry_wait_releases_the_lease(outbox_path: Path) -> None:

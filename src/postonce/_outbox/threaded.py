@@ -70,6 +70,8 @@ class Ticket:
     without anyio's event around it (two are made per call); elsewhere (trio)
     on an ``anyio.Event``. Each wait makes its own: a wait cancelled (its
     future cancelled with it) can wait again, shielded, for the same call.
+    One task waits on a ticket at a time (its caller): a second wait begun
+    while one is under way would take its place, and the first never wake.
     """
 
     __slots__ = ("_loop", "_waiter", "kwargs", "method", "notify", "ok", "result", "settled")
