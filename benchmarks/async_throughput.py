@@ -45,7 +45,9 @@ to the first. The server is stopped at the end, on Ctrl-C and on errors; every
 run is bounded by ``--run-timeout``. A run that raises (a transport error, the
 timeout) loses only itself: it is printed as ``FAILED``, left out of every
 figure (its repeat's ratios with it) and listed at the end, and the SUMMARY
-counts the failed runs. The outboxes live under a fresh
+counts the failed runs; raw's runs failing at the top level flag its collapse.
+An arm with no finished run shows ``nan``, its target ``not measured``, and the
+script exits 1. Any other error (the script's own bug) is raised. The outboxes live under a fresh
 ``.tmp-async-*`` directory in ``benchmarks/`` (``--dir`` picks another parent),
 deleted at the end. Nothing is asserted about the timings: the script only prints.
 """
@@ -126,6 +128,32 @@ class Results:
         self.failures.append(
             f"{candidate.name} c={concurrency} repeat {repeat}: {type(error).__name__}"
         )
+
+    def failed(self, concurrency: int, candidate: Candidate) -> int:
+        """How many of this arm's runs at this level failed."""
+        return sum(math.isnan(rate) for rate in self.rates.get((concurrency, candidate), []))
+
+    def empty(self) -> list[str]:
+        """The arms (at a level) with no finished run: their figures are NaN."""
+        return [
+            f"{candidate.name} c={concurrency}"
+            for (concurrency, candidate), rates in self.rates.items()
+            if all(math.isnan(rate) for rate in rates)
+        ]
+
+
+#: What a run of the loopback benchmark may fail with and still leave the others
+#: worth reading. Anything else (a TypeError, say) is the script's own bug: raised.
+RUN_FAILURES = (httpx.HTTPError, OSError, TimeoutError, RuntimeError, postonce.PostonceError)
+
+
+def run_failure(error: BaseException) -> bool:
+    """Whether ``error`` is a failed run, not the script's bug; for a group (anyio's task
+    groups wrap what their tasks raise), whether every error in it is."""
+    inner = getattr(error, "exceptions", None)
+    if isinstance(inner, tuple) and inner:
+        return all(run_failure(one) for one in inner)
+    return isinstance(error, RUN_FAILURES)
 
 
 def _kept(values: Iterable[float]) -> Spread:
@@ -255,7 +283,10 @@ async def run_all(
                         result = await run_candidate(
                             candidate, url, concurrency, args.requests, args.warmup, workdir
                         )
-                except Exception as exc:  # one arm's failure (or timeout) loses only its run
+                except Exception as exc:
+                    if not run_failure(exc):
+                        raise
+                    # One arm's failure (a transport error, the timeout) loses only its run.
                     results.fail(concurrency, candidate, repeat + 1, exc)
                     line.append(f"{candidate.name} FAILED ({type(exc).__name__})")
                     continue
@@ -326,6 +357,18 @@ def ratio_spread(
     return _kept(t / b for t, b in zip(top, bottom, strict=True))  # a failed run's is NaN
 
 
+def _best(medians: Iterable[float]) -> float:
+    """The highest of the medians that are figures (NaN when none is)."""
+    figures = [median for median in medians if not math.isnan(median)]
+    return max(figures) if figures else math.nan
+
+
+def _target_verdict(aio: Spread) -> str:
+    if math.isnan(aio.median):
+        return "not measured: no repeat finished both arms"
+    return verdict(aio.median >= AIOHTTP_TARGET, aio)
+
+
 def report(results: Results, levels: Sequence[int]) -> None:
     print()
     print(
@@ -363,16 +406,26 @@ def report(results: Results, levels: Sequence[int]) -> None:
         raw_low = rates(results, low, "raw", transport).median
         raw_top = rates(results, top, "raw", transport).median
         line = f"raw {transport}: c={low} {raw_low:.0f} req/s, c={top} {raw_top:.0f} req/s"
-        if top > low and raw_top < COLLAPSE * raw_low:
+        raw_failed = results.failed(top, Candidate("raw", transport))
+        collapsed = raw_top < COLLAPSE * raw_low or math.isnan(raw_top)
+        if top > low and (collapsed or raw_failed):
+            seen = (
+                "no finished run"
+                if math.isnan(raw_top / raw_low)
+                else f"x{raw_top / raw_low:.2f} of c={low}"
+            )
+            if raw_failed:
+                seen += f"; {raw_failed} of its runs failed"
             line += (
-                f"  FLAG: raw collapses at c={top} (x{raw_top / raw_low:.2f} of c={low}): its "
+                f"  FLAG: raw collapses at c={top} ({seen}): its "
                 f"own pool is the limit, so postonce/raw at c={top} on {transport} does not "
                 "measure postonce; compare with raw at the lower concurrency"
             )
             crippled = crippled or transport == "default"
         print(line)
-    best_raw = max(rates(results, c, "raw", "default").median for c in levels)
-    best_once = max(rates(results, c, "postonce", "default").median for c in levels)
+    # Over the levels with a finished run (a NaN would make max() depend on order).
+    best_raw = _best(rates(results, c, "raw", "default").median for c in levels)
+    best_once = _best(rates(results, c, "postonce", "default").median for c in levels)
     print(
         f"default transport, best level against best level: postonce {best_once:.0f} req/s / "
         f"raw {best_raw:.0f} req/s = x{best_once / best_raw:.2f}"
@@ -381,7 +434,7 @@ def report(results: Results, levels: Sequence[int]) -> None:
     aio_floor = ratio_spread(results, top, "aiohttp", "floor")
     print(
         f"httpx-aiohttp c={top}: postonce/raw {aio.text('.2f')} "
-        f"(target >= {AIOHTTP_TARGET:.2f}: {verdict(aio.median >= AIOHTTP_TARGET, aio)}); "
+        f"(target >= {AIOHTTP_TARGET:.2f}: {_target_verdict(aio)}); "
         f"the floor itself reaches {aio_floor.text('.2f')} of raw"
     )
     unstable = [
@@ -395,6 +448,8 @@ def report(results: Results, levels: Sequence[int]) -> None:
         print(f"UNSTABLE (repeats differ by > 30%): {', '.join(unstable)}")
     if results.failures:
         print(f"FAILED runs, left out of every figure: {'; '.join(results.failures)}")
+    if results.empty():
+        print(f"NO FINISHED RUN (figures are nan): {', '.join(results.empty())}")
     default = " ".join(
         f"raw c={c} {rates(results, c, 'raw', 'default').median:.0f}/s "
         f"postonce c={c} {rates(results, c, 'postonce', 'default').median:.0f}/s"
@@ -452,7 +507,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = asyncio.run(run_all(args, levels, server.url, workdir))
         print(f"measured in {time.monotonic() - started:.1f} s")
         report(results, levels)
-    return 0
+    return 1 if results.empty() else 0  # an arm with no figure at all: the run failed
 
 
 if __name__ == "__main__":

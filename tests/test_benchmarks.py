@@ -73,5 +73,62 @@ def test_an_arm_whose_every_run_failed_shows_nan_not_a_crash(
     at.report(results, [64])
     out = capsys.readouterr().out
     assert math.isnan(at.rates(results, 64, "postonce", "aiohttp").median)
+    assert "target >= 0.75: not measured: no repeat finished both arms" in out
+    assert "missed" not in out
+    assert "NO FINISHED RUN (figures are nan): postonce/aiohttp c=64" in out
     assert "postonce/raw xnan" in out
     assert "failed runs: 1" in out
+    assert results.empty() == ["postonce/aiohttp c=64"]
+
+
+def test_raw_failing_at_the_top_level_is_flagged_and_left_out_of_the_best_level(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Raw's runs failing where its pool collapses: flagged, even with a good median left;
+    a level where raw finished nothing is left out of "best level", not compared as NaN."""
+    results = at.Results()
+    for concurrency in (16, 64):
+        for transport in at.TRANSPORTS:
+            for kind in at.KINDS:
+                candidate = at.Candidate(kind, transport)
+                for repeat in (1, 2):
+                    # raw/default: every run at c=16 fails, one of two at c=64
+                    if (
+                        kind == "raw"
+                        and transport == "default"
+                        and (repeat == 2 or concurrency == 16)
+                    ):
+                        results.fail(concurrency, candidate, repeat, OSError())
+                    else:
+                        results.add(concurrency, candidate, at.RunResult(100.0, 1, 1))
+    at.report(results, [16, 64])
+    out = capsys.readouterr().out
+    assert "raw default: c=16 nan req/s, c=64 100 req/s  FLAG: raw collapses at c=64" in out
+    assert "no finished run; 1 of its runs failed" in out
+    assert "postonce 100 req/s / raw 100 req/s = x1.00" in out  # c=16's NaN left out
+
+
+class Group(Exception):
+    """What an anyio task group raises: its tasks' errors in ``exceptions`` (3.10 has no
+    builtin ExceptionGroup)."""
+
+    def __init__(self, *errors: BaseException) -> None:
+        super().__init__("tasks")
+        self.exceptions = errors
+
+
+@pytest.mark.parametrize(
+    ("error", "is_run_failure"),
+    [
+        pytest.param(OSError("reset"), True, id="transport"),
+        pytest.param(TimeoutError(), True, id="timeout"),
+        pytest.param(RuntimeError("expected 201"), True, id="bad-answer"),
+        pytest.param(TypeError("a bug"), False, id="bug"),
+        pytest.param(Group(OSError(), TimeoutError()), True, id="group"),
+        pytest.param(Group(OSError(), KeyError()), False, id="group-bug"),
+    ],
+)
+def test_only_a_failed_run_is_recorded_a_bug_of_the_script_is_raised(
+    error: Exception, is_run_failure: bool
+) -> None:
+    assert at.run_failure(error) is is_run_failure
