@@ -5,6 +5,7 @@ Everything Client does, AsyncClient does too: the shared suites run against both
 
 from __future__ import annotations
 
+import asyncio
 import random
 import sqlite3
 import threading
@@ -451,6 +452,10 @@ class _RemoteStub:
     def echo(self, value: int) -> int:
         return value
 
+    def slow_echo(self, value: int, seconds: float) -> int:
+        time.sleep(seconds)
+        return value
+
 
 def test_a_remote_stores_worker_answers_even_a_base_exception() -> None:
     """A call that ends in a BaseException wakes its caller with OutboxError, not never."""
@@ -477,6 +482,40 @@ class _LocalStub:
 
     def echo(self, value: int) -> int:
         return value
+
+    def slow_echo(self, value: int, seconds: float) -> int:
+        time.sleep(seconds)
+        return value
+
+
+@pytest.mark.parametrize("store", [_RemoteStub, _LocalStub])
+def test_a_call_outliving_its_event_loop_leaves_the_store_thread_serving(store: type) -> None:
+    """A call still running when its ``asyncio.run`` ends: the loop is closed when it finishes.
+
+    There is nobody to wake there; the writer (or worker) must not die of it:
+    a call from the next event loop is answered (it used to wait forever).
+    """
+    thread = StoreThread(store())
+
+    async def leave_calls_behind() -> None:
+        for _ in range(2):  # one on each of a remote store's workers
+            asyncio.get_running_loop().create_task(
+                thread.call("slow_echo", {"value": 1, "seconds": 0.3})
+            )
+        await asyncio.sleep(0.05)  # handed over; then this loop ends, and closes
+
+    try:
+        asyncio.run(leave_calls_behind())
+        time.sleep(0.5)  # the slow calls finish on a closed loop
+
+        async def next_loop() -> int:
+            with anyio.fail_after(5):
+                answer: int = await thread.call("echo", {"value": 2})
+                return answer
+
+        assert run(next_loop) == 2
+    finally:
+        thread.close()
 
 
 @pytest.mark.parametrize("store", [_RemoteStub, _LocalStub])

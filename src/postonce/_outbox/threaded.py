@@ -22,6 +22,7 @@ group commit joins the writes that meet.
 from __future__ import annotations
 
 import functools
+import logging
 import queue
 import threading
 from collections.abc import Callable
@@ -34,6 +35,8 @@ from .._exceptions import OutboxError
 from .base import Store, run_calls
 
 __all__ = ["StoreThread", "Ticket", "loop_notifier"]
+
+logger = logging.getLogger("postonce")
 
 
 _BATCH_MAX = 512
@@ -59,6 +62,19 @@ def _current_loop() -> tuple[Callable[[Callable[[], object]], object], Any]:
 def _wake(tickets: list[Ticket]) -> None:
     for ticket in tickets:
         ticket.settle()
+
+
+def _wake_on(notify: Callable[[Callable[[], object]], object], tickets: list[Ticket]) -> None:
+    """Wake ``tickets``' callers on their loop, from a store thread.
+
+    A loop that has closed meanwhile (its ``asyncio.run`` ended with the call
+    still queued) raises RuntimeError: nobody is left there to wake, and the
+    thread must go on serving the calls of other loops.
+    """
+    try:
+        notify(functools.partial(_wake, tickets))
+    except RuntimeError:  # trio's RunFinishedError is one too
+        logger.debug("a store call finished after its event loop closed")
 
 
 class Ticket:
@@ -191,7 +207,7 @@ class StoreThread:
     def _refuse(ticket: Ticket) -> None:
         """Answer a call made after :meth:`close`: nothing runs it any more."""
         ticket.result = OutboxError("the outbox's store thread is closed")
-        ticket.notify(functools.partial(_wake, [ticket]))
+        _wake_on(ticket.notify, [ticket])
 
     def _serve(self) -> None:
         while (ticket := self._calls.get()) is not None:
@@ -208,7 +224,7 @@ class StoreThread:
             ticket.result = OutboxError(f"the outbox call {ticket.method} ended in {exc!r}")
             ticket.result.__cause__ = exc
         finally:
-            ticket.notify(functools.partial(_wake, [ticket]))
+            _wake_on(ticket.notify, [ticket])
 
     async def call(self, method: str, kwargs: dict[str, Any]) -> Any:
         return await self.submit(method, kwargs).wait()
@@ -238,7 +254,7 @@ class StoreThread:
                 ticket.ok, ticket.result = ok, result
                 by_loop.setdefault(ticket.notify, []).append(ticket)
             for notify, tickets in by_loop.items():
-                notify(functools.partial(_wake, tickets))
+                _wake_on(notify, tickets)
             if stop:
                 return
 
