@@ -340,6 +340,21 @@ def test_a_stored_intent_opened_again_in_a_batch_leaves_the_batch_whole(
         store.close()
 
 
+def final_record_call(lease: Lease | None) -> dict[str, object]:
+    """``record``'s keywords for a first-try 201 under ``lease``, as a batch call takes them."""
+    return {
+        "lease": lease,
+        "attempt": AttemptRecord(1000.0, 0.1, Outcome.FINAL, 201, None, False),
+        "state": State.SUCCEEDED,
+        "anchor": 1000.0,
+        "due_at": None,
+        "lease_until": None,
+        "response": None,
+        "note": None,
+        "durable": False,
+    }
+
+
 def test_a_call_that_fails_half_way_in_a_batch_is_undone_alone(
     outbox_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -359,17 +374,7 @@ def test_a_call_that_fails_half_way_in_a_batch_is_undone_alone(
 
         monkeypatch.setattr(store, "_count_attempt", count_then_fail)
         assert opened.lease is not None
-        record = {
-            "lease": opened.lease,
-            "attempt": AttemptRecord(1000.0, 0.1, Outcome.FINAL, 201, None, False),
-            "state": State.SUCCEEDED,
-            "anchor": 1000.0,
-            "due_at": None,
-            "lease_until": None,
-            "response": None,
-            "note": None,
-            "durable": False,
-        }
+        record = final_record_call(opened.lease)
         call = {"owner": "a", "now": 1000.0, "lease_for": 10}
         (recorded, other) = store.run_batch(
             [("record", record), ("open_intent", {"new": new_intent("r-2", "k-2"), **call})]
@@ -557,17 +562,7 @@ def test_a_batch_undone_and_run_again_loses_no_sweep(outbox_path: Path) -> None:
         assert answer(store, opened.lease) is True
     last = swept_in_flight(store, new_intent("x", "k-x"))
     assert len(lease_index(outbox_path)) == LEASE_SWEEP
-    record = {
-        "lease": last.lease,
-        "attempt": AttemptRecord(1000.0, 0.1, Outcome.FINAL, 201, None, False),
-        "state": State.SUCCEEDED,
-        "anchor": 1000.0,
-        "due_at": None,
-        "lease_until": None,
-        "response": None,
-        "note": None,
-        "durable": False,
-    }
+    record = final_record_call(last.lease)
     clash = {"new": new_intent("other", "k-0"), "owner": "a", "now": 1000.0, "lease_for": 10}
     (recorded, refused) = store.run_batch([("record", record), ("open_intent", clash)])
     assert recorded == (True, True)
