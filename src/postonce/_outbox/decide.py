@@ -65,10 +65,6 @@ Changes = dict[str, Any]
 PURGEABLE = tuple(sorted(s.value for s in TERMINAL if s is not State.EXPIRED))
 
 _TERMINAL_VALUES = frozenset(s.value for s in TERMINAL)
-# Stored values, read once: an enum's ``.value`` is a Python-level property (two
-# calls a read); the hot paths below read the member's ``_value_`` attribute instead.
-_SENDING: str = State.SENDING.value
-_PENDING: str = State.PENDING.value
 
 #: Ended intents whose exit from the lease index a store defers, then takes out
 #: in one statement (see :func:`lease_exit_deferred`); on SQLite also the fresh
@@ -115,7 +111,7 @@ def insert_row(new: NewIntent, lease: Lease, now: float) -> Changes:
         "headers": headers_json(new.headers),
         "body": bytes(new.body),
         "fingerprint": new.fingerprint,
-        "state": _SENDING,
+        "state": State.SENDING.value,
         "created_at": now,
         "updated_at": now,
         # The first send follows at once: the horizon starts with the write-ahead.
@@ -199,7 +195,7 @@ def taken(record: IntentRecord, lease: Lease, now: float, anchor: float) -> tupl
     in ``anchor_before`` so a claim that sends nothing can put it back.
     """
     changes: Changes = {
-        "state": _SENDING,
+        "state": State.SENDING.value,
         "lease_owner": lease.owner,
         "lease_expires_at": lease.expires_at,
         "claim_token": lease.token,
@@ -308,8 +304,8 @@ def recorded(
     """
     keep = lease_until is not None
     changes: Changes = {
-        "state": state._value_,
-        "last_outcome": attempt.outcome._value_,
+        "state": state.value,
+        "last_outcome": attempt.outcome.value,
         "first_delivery_at": anchor,
         "due_at": due_at,
         "lease_owner": lease.owner if keep else None,
@@ -431,7 +427,7 @@ def attempt_row(
         "number": number,
         "started_at": attempt.started_at,
         "duration": attempt.duration,
-        "outcome": attempt.outcome._value_,
+        "outcome": attempt.outcome.value,
         "status": attempt.status,
         "error_type": attempt.error_type,
         "replayed": int(attempt.replayed),
@@ -446,7 +442,7 @@ def released(now: float, due_at: float | None, anchor: float | None) -> Changes:
     nothing must not start the horizon.
     """
     return {
-        "state": _PENDING,
+        "state": State.PENDING.value,
         "due_at": now if due_at is None else due_at,
         "first_delivery_at": anchor,
         "lease_owner": None,

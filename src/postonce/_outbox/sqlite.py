@@ -216,7 +216,7 @@ class SQLiteStore(SQLStore):
 
         Inside a batch without savepoints (an async writer's every batch, until
         a call fails) the connection is handed over as it is, by a plain context
-        manager: twice per intent there, a generator one cost ~10 Python calls.
+        manager: twice per intent there, a generator one cost ~8 Python calls.
         """
         batch = self._batch_here()
         if batch == "plain":
