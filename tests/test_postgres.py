@@ -284,9 +284,17 @@ def test_three_hosts_one_killed_every_intent_once(server: LoopbackServer, pg_out
                 if r.lease_owner is not None and f"/{hosts[0].pid}/" in r.lease_owner
             ]
 
-        # Killed while it holds leases (between two batches it holds none).
-        while not held_by_host0():
+        # Killed while it holds leases (between two batches it holds none). Checked
+        # with host0 stopped: a check on a running host can see leases it releases
+        # before the kill lands (CI saw exactly that). The pause lets a commit it sent
+        # just before the stop reach the server first.
+        while True:
             assert time.monotonic() < deadline, "host0 never held a lease"
+            hosts[0].send_signal(signal.SIGSTOP)
+            time.sleep(0.05)
+            if held_by_host0():
+                break
+            hosts[0].send_signal(signal.SIGCONT)
             time.sleep(0.005)
         hosts[0].send_signal(signal.SIGKILL)
         hosts[0].wait(timeout=10)
