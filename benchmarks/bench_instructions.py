@@ -43,6 +43,23 @@ Compare two commits under the same seeds. Some hashed inputs still differ from
 run to run (the server's port in the URL, the outbox's temporary path, the
 minted keys), so a difference within the spread over seeds is not a change.
 
+``--measure`` picks what is counted, with the same runs and the same
+difference:
+
+* ``instructions`` (the default): callgrind's instruction count;
+* ``misses``: callgrind with its cache and branch simulations
+  (``--cache-sim=yes --branch-sim=yes``), which add first-level instruction
+  and data misses (``I1``, ``D1``), last-level misses (``LL``) and
+  mispredicted conditional and indirect branches. The simulated caches take
+  this host's sizes and see this process alone, so a neighbour's evictions
+  (and a shared last level) are not in them; the branch predictor is
+  valgrind's simple model, not this CPU's. It shows whether an arm's extra
+  instructions also miss more often, which a wall clock pays for and an
+  instruction count does not;
+* ``syscalls``: the child runs under ``strace -f -c`` (every thread), and the
+  figure is system calls per call, by name. A syscall's kernel time is not in
+  an instruction count; this says whether an arm makes more of them.
+
 Prints thousands of instructions per call and the ratios. Asserts nothing.
 """
 
@@ -67,6 +84,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_sync import BODY, run_main, start_server
 
 ARMS = ("raw", "floor", "postonce")
+MEASURES = ("instructions", "misses", "syscalls")
 
 
 def _arm_call(arm: str, url: str, workdir: Path) -> Callable[[], object]:
@@ -108,12 +126,14 @@ def child(arm: str, url: str, warmup: int, calls: int) -> None:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _collected(arm: str, url: str, warmup: int, calls: int, seed: str) -> int:
-    """Instructions the child executed (with ``PYTHONHASHSEED=seed``), as callgrind reports them."""
-    return _counted(["--child", arm, url, str(warmup), str(calls)], arm, seed)
+def _collected(arm: str, url: str, warmup: int, calls: int, seed: str, measure: str) -> Counts:
+    """What the child executed (with ``PYTHONHASHSEED=seed``), counted as ``measure`` says."""
+    return _counted(["--child", arm, url, str(warmup), str(calls)], arm, seed, measure)
 
 
-def _drained(arm: str, url: str, pg: str, concurrency: int, count: int, seed: str) -> int:
+def _drained(
+    arm: str, url: str, pg: str, concurrency: int, measure: str, count: int, seed: str
+) -> Counts:
     """The same for a drain arm: ``count`` due intents in a fresh schema, then the child."""
     import bench_drain
 
@@ -124,33 +144,87 @@ def _drained(arm: str, url: str, pg: str, concurrency: int, count: int, seed: st
             if arm == "postonce":
                 bench_drain.adopt(outbox, url)  # as bench_drain.py does, before its clock
         argv = ["--drain-child", arm, outbox, url, str(concurrency), str(count)]
-        return _counted(argv, arm, seed)
+        return _counted(argv, arm, seed, measure)
     finally:
         if arm != "raw":
             bench_drain.drop_postgres(outbox)
 
 
-def _counted(argv: list[str], arm: str, seed: str) -> int:
+Counts = dict[str, int]
+
+
+def parse_callgrind(stderr: str) -> Counts:
+    """Callgrind's totals from its closing lines: event name to count.
+
+    With one event (the default) it prints ``Collected : N`` and no
+    ``Events`` line; with the cache simulation, an ``Events : Ir Dr ...``
+    line names the numbers of the ``Collected`` line in order.
+    """
+    collected = re.search(r"Collected : ([\d ]+)$", stderr, re.MULTILINE)
+    if collected is None:
+        raise ValueError("no 'Collected :' line in callgrind's output")
+    numbers = [int(n) for n in collected.group(1).split()]
+    events = re.search(r"Events    : ([\w ]+)$", stderr, re.MULTILINE)
+    names = events.group(1).split() if events is not None else ["Ir"]
+    if len(names) != len(numbers):
+        raise ValueError(f"callgrind named {len(names)} events and counted {len(numbers)}")
+    return dict(zip(names, numbers, strict=True))
+
+
+def parse_strace_summary(text: str) -> Counts:
+    """``strace -c``'s table: syscall name to calls, and ``total``."""
+    counts: Counts = {}
+    for line in text.splitlines():
+        fields = line.split()
+        # % time, seconds, usecs/call, calls, [errors,] syscall
+        if len(fields) in (5, 6) and fields[3].isdigit() and not fields[0].startswith("-"):
+            counts[fields[-1]] = int(fields[3])
+    if "total" not in counts:
+        raise ValueError("no total line in strace's summary")
+    return counts
+
+
+def _counted(argv: list[str], arm: str, seed: str, measure: str = "instructions") -> Counts:
+    env = {**os.environ, "PYTHONHASHSEED": seed}
+    child_argv = [sys.executable, __file__, *argv]
+    if measure == "syscalls":
+        strace = shutil.which("strace")
+        assert strace is not None
+        with tempfile.NamedTemporaryFile("r", suffix=".strace") as summary:
+            done = subprocess.run(
+                [strace, "-f", "-c", "-o", summary.name, *child_argv],
+                capture_output=True,
+                text=True,
+                check=False,
+                env=env,
+            )
+            if done.returncode != 0:
+                raise RuntimeError(f"strace run of {arm} failed:\n{done.stderr[-2000:]}")
+            return parse_strace_summary(summary.read())
     valgrind = shutil.which("valgrind")
     assert valgrind is not None
+    sims = ["--cache-sim=yes", "--branch-sim=yes"] if measure == "misses" else []
     done = subprocess.run(
-        [
-            valgrind,
-            "--tool=callgrind",
-            "--callgrind-out-file=/dev/null",
-            sys.executable,
-            __file__,
-            *argv,
-        ],
+        [valgrind, "--tool=callgrind", *sims, "--callgrind-out-file=/dev/null", *child_argv],
         capture_output=True,
         text=True,
         check=False,
-        env={**os.environ, "PYTHONHASHSEED": seed},
+        env=env,
     )
-    found = re.search(r"Collected : (\d+)", done.stderr)
-    if done.returncode != 0 or found is None:
+    if done.returncode != 0:
         raise RuntimeError(f"callgrind run of {arm} failed:\n{done.stderr[-2000:]}")
-    return int(found.group(1))
+    return parse_callgrind(done.stderr)
+
+
+def per_call(short: Counts, long: Counts, calls: int) -> dict[str, float]:
+    """Each count's growth from the ``calls`` run to the ``3 * calls`` run, per call.
+
+    A name missing from one run (a syscall the short run never made) counts 0 there.
+    """
+    return {
+        name: (long.get(name, 0) - short.get(name, 0)) / (2 * calls)
+        for name in sorted(short.keys() | long.keys())
+    }
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -166,7 +240,54 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--concurrency", type=int, default=1, help="the drain's (default 1)")
     parser.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432/test")
+    parser.add_argument(
+        "--measure",
+        choices=MEASURES,
+        default="instructions",
+        help="instructions (callgrind), misses (its cache and branch simulations), syscalls",
+    )
     return parser.parse_args(argv)
+
+
+def _median(runs: Sequence[dict[str, float]], *names: str) -> float:
+    """The median over seeds of the sum of ``names`` in each run."""
+    return statistics.median(sum(run.get(name, 0.0) for name in names) for run in runs)
+
+
+def describe(arm: str, runs: Sequence[dict[str, float]], measure: str, unit: str) -> str:
+    """An arm's lines: its headline figure per ``unit`` (with its spread over seeds), and detail."""
+    key = "total" if measure == "syscalls" else "Ir"
+    values = [run.get(key, 0.0) for run in runs]
+    scale, what = (1.0, "syscalls") if measure == "syscalls" else (1000.0, "k instructions")
+    middle = statistics.median(values)
+    spread = (
+        f"  (min/median/max over seeds: {min(values) / scale:.1f}/{middle / scale:.1f}/"
+        f"{max(values) / scale:.1f})"
+        if len(values) > 1
+        else ""
+    )
+    lines = [f"{arm:10s} {middle / scale:8.1f} {what} per {unit}{spread}"]
+    if measure == "misses":
+        lines.append(
+            f"{'':10s} misses per {unit}: I1 {_median(runs, 'I1mr') / 1000:.2f}k, "
+            f"D1 {_median(runs, 'D1mr', 'D1mw') / 1000:.2f}k "
+            f"(read {_median(runs, 'D1mr') / 1000:.2f}k, "
+            f"write {_median(runs, 'D1mw') / 1000:.2f}k), "
+            f"LL {_median(runs, 'ILmr', 'DLmr', 'DLmw') / 1000:.3f}k; "
+            f"mispredicted branches {_median(runs, 'Bcm', 'Bim') / 1000:.2f}k "
+            f"(conditional {_median(runs, 'Bcm') / 1000:.2f}k, "
+            f"indirect {_median(runs, 'Bim') / 1000:.2f}k)"
+        )
+    elif measure == "syscalls":
+        names = sorted(
+            {name for run in runs for name in run} - {"total"},
+            key=lambda name: (-_median(runs, name), name),
+        )
+        shown = [
+            f"{name} {_median(runs, name):.1f}" for name in names if _median(runs, name) >= 0.05
+        ]
+        lines.append(f"{'':10s} by name: {', '.join(shown) or 'none'}")
+    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -179,8 +300,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         drain_child(arm, outbox, url, int(concurrency), int(count))
         return 0
     args = parse_args(argv)
-    if shutil.which("valgrind") is None:
-        print("valgrind is not installed: nothing to count")
+    tool = "strace" if args.measure == "syscalls" else "valgrind"
+    if shutil.which(tool) is None:
+        print(f"{tool} is not installed: nothing to count")
         return 1
     arms = [arm for arm in args.arms.split(",") if arm]
     server = start_server(None)
@@ -196,42 +318,45 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.drain
             else f"calls: {args.calls} and {3 * args.calls} after {args.warmup} warm-up"
         )
-        print(f"{what}, per arm; PYTHONHASHSEED: {', '.join(seeds)}")
+        print(f"{what}, per arm; PYTHONHASHSEED: {', '.join(seeds)}; measure: {args.measure}")
         unit = "intent" if args.drain else "call"
-        per_call: dict[str, float] = {}
+        per_arm: dict[str, float] = {}
         for arm in arms:
-            counts = []
+            runs = []
             for seed in seeds:
                 if args.drain:
-                    run = functools.partial(_drained, arm, server.url, args.pg, args.concurrency)
+                    run = functools.partial(
+                        _drained, arm, server.url, args.pg, args.concurrency, args.measure
+                    )
                     short, long = run(args.calls, seed), run(3 * args.calls, seed)
                 else:
-                    short = _collected(arm, server.url, args.warmup, args.calls, seed)
-                    long = _collected(arm, server.url, args.warmup, 3 * args.calls, seed)
-                counts.append((long - short) / (2 * args.calls))
-            per_call[arm] = statistics.median(counts)
-            spread = (
-                f"  (min/median/max over seeds: "
-                f"{min(counts) / 1000:.1f}/{per_call[arm] / 1000:.1f}/{max(counts) / 1000:.1f}k)"
-                if len(counts) > 1
-                else ""
-            )
-            print(
-                f"{arm:10s} {per_call[arm] / 1000:8.1f} k instructions per {unit}{spread}",
-                flush=True,
-            )
+                    short, long = (
+                        _collected(arm, server.url, args.warmup, n, seed, args.measure)
+                        for n in (args.calls, 3 * args.calls)
+                    )
+                runs.append(per_call(short, long, args.calls))
+            per_arm[arm] = _median(runs, "total" if args.measure == "syscalls" else "Ir")
+            print(describe(arm, runs, args.measure, unit), flush=True)
     finally:
         server.stop()
-    raw, floor, ours = (per_call.get(arm) for arm in ARMS)
-    parts = [f"{arm} {count / 1000:.1f}k" for arm, count in per_call.items()]
+    print(summary(per_arm, args.measure, unit, args.drain))
+    return 0
+
+
+def summary(per_arm: dict[str, float], measure: str, unit: str, drain: bool) -> str:
+    """The ``SUMMARY`` line: each arm's headline figure, and postonce's against raw and floor."""
+    raw, floor, ours = (per_arm.get(arm) for arm in ARMS)
+    syscalls = measure == "syscalls"
+    scale, suffix = (1.0, "") if syscalls else (1000.0, "k")
+    parts = [f"{arm} {count / scale:.1f}{suffix}" for arm, count in per_arm.items()]
     if ours is not None and raw:
         parts.append(f"postonce/raw x{ours / raw:.2f}")
     if ours is not None and floor:
         parts.append(f"postonce/floor x{ours / floor:.2f}")
     if ours is not None and raw and floor:
-        parts.append(f"postonce - floor {(ours - floor) / 1000:.0f}k")
-    print(f"SUMMARY instructions per {unit}{' (drain)' if args.drain else ''}: " + ", ".join(parts))
-    return 0
+        parts.append(f"postonce - floor {(ours - floor) / scale:.{1 if syscalls else 0}f}{suffix}")
+    what = "syscalls" if syscalls else "instructions"
+    return f"SUMMARY {what} per {unit}{' (drain)' if drain else ''}: " + ", ".join(parts)
 
 
 if __name__ == "__main__":

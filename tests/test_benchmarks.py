@@ -18,6 +18,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import async_throughput as at
+import bench_instructions as bi
 
 
 def test_a_failed_run_loses_only_itself_and_is_reported(
@@ -132,3 +133,123 @@ def test_only_a_failed_run_is_recorded_a_bug_of_the_script_is_raised(
     error: Exception, is_run_failure: bool
 ) -> None:
     assert at.run_failure(error) is is_run_failure
+
+
+# bench_instructions.py: what its counters' outputs are read as.
+
+CALLGRIND_ONE_EVENT = """\
+==6764== Callgrind, a call-graph generating cache profiler
+==6764== Events    : Ir
+==6764== Collected : 39243263
+==6764==
+==6764== I   refs:      39,243,263
+"""
+
+CALLGRIND_CACHE = """\
+--6764-- warning: L3 cache found, using its data for the LL simulation.
+==6764== Events    : Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw
+==6764== Collected : 39243263 10575412 5816176 309629 456216 87176 11438 21615 37038
+==6764==
+==6764== I1  misses:       309,629
+"""
+
+STRACE_SUMMARY = """\
+% time     seconds  usecs/call     calls    errors syscall
+------ ----------- ----------- --------- --------- ----------------
+ 83.13    0.470706        5883        80        40 wait4
+  2.91    0.016490          11      1380       597 openat
+  0.00    0.000000           0         6           chdir
+------ ----------- ----------- --------- --------- ----------------
+100.00    0.566239          62      1466       637 total
+"""
+
+
+@pytest.mark.parametrize(
+    ("stderr", "expected"),
+    [
+        (CALLGRIND_ONE_EVENT, {"Ir": 39243263}),
+        ("==1== Collected : 12\n", {"Ir": 12}),  # no Events line: the one default event
+        (
+            CALLGRIND_CACHE,
+            {
+                "Ir": 39243263,
+                "Dr": 10575412,
+                "Dw": 5816176,
+                "I1mr": 309629,
+                "D1mr": 456216,
+                "D1mw": 87176,
+                "ILmr": 11438,
+                "DLmr": 21615,
+                "DLmw": 37038,
+            },
+        ),
+    ],
+)
+def test_callgrind_totals_are_read_by_event_name(stderr: str, expected: dict[str, int]) -> None:
+    """The ``Collected`` numbers are named by the ``Events`` line, in its order."""
+    assert bi.parse_callgrind(stderr) == expected
+
+
+@pytest.mark.parametrize(
+    ("stderr", "says"),
+    [
+        ("==1== valgrind: failed to start tool\n", "no 'Collected :' line"),  # no totals
+        ("==1== Events    : Ir I1mr\n==1== Collected : 5\n", "named 2 events and counted 1"),
+    ],
+)
+def test_callgrind_output_without_matching_totals_is_refused(stderr: str, says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        bi.parse_callgrind(stderr)
+
+
+def test_strace_summary_is_read_as_calls_by_name() -> None:
+    """The calls column, with or without an errors column, and the total."""
+    assert bi.parse_strace_summary(STRACE_SUMMARY) == {
+        "wait4": 80,
+        "openat": 1380,
+        "chdir": 6,
+        "total": 1466,
+    }
+    with pytest.raises(ValueError, match="no total line"):
+        bi.parse_strace_summary(STRACE_SUMMARY.rsplit("100.00", 1)[0])
+
+
+def test_per_call_figures_are_the_growth_between_the_two_runs() -> None:
+    """(long - short) / (2 * calls); a name only one run has counts 0 in the other."""
+    short = {"Ir": 1_000, "poll": 10, "brk": 3}
+    long = {"Ir": 5_000, "poll": 50, "mmap": 8}
+    assert bi.per_call(short, long, 100) == {"Ir": 20.0, "brk": -0.015, "mmap": 0.04, "poll": 0.2}
+
+
+def test_an_arm_is_described_by_its_median_over_seeds_with_its_spread() -> None:
+    miss_runs = [
+        {"Ir": 2_000_000.0, "I1mr": 40_000.0, "D1mr": 20_000.0, "D1mw": 2_000.0, "DLmr": 10.0},
+        {"Ir": 2_100_000.0, "I1mr": 44_000.0, "D1mr": 21_000.0, "D1mw": 2_000.0, "DLmr": 30.0},
+        {"Ir": 2_050_000.0, "I1mr": 42_000.0, "D1mr": 22_000.0, "D1mw": 4_000.0, "DLmr": 20.0},
+    ]
+    for run, bcm in zip(miss_runs, (9_000.0, 11_000.0, 10_000.0), strict=True):
+        run.update(Bcm=bcm, Bim=bcm / 2)
+    assert bi.describe("postonce", miss_runs, "misses", "call").splitlines() == [
+        "postonce     2050.0 k instructions per call  (min/median/max over seeds: "
+        "2000.0/2050.0/2100.0)",
+        "           misses per call: I1 42.00k, D1 23.00k (read 21.00k, write 2.00k), LL 0.020k; "
+        "mispredicted branches 15.00k (conditional 10.00k, indirect 5.00k)",
+    ]
+    syscall_runs = [{"total": 33.0, "poll": 5.0, "fcntl": 12.0, "mmap": 0.01}]
+    assert bi.describe("floor", syscall_runs, "syscalls", "intent").splitlines() == [
+        "floor          33.0 syscalls per intent",
+        "           by name: fcntl 12.0, poll 5.0",  # most first; under 0.05 a call left out
+    ]
+
+
+def test_the_summary_line_sets_postonce_against_raw_and_floor() -> None:
+    figures = {"raw": 1_731_000.0, "floor": 1_793_000.0, "postonce": 2_142_000.0}
+    assert bi.summary(figures, "instructions", "call", drain=False) == (
+        "SUMMARY instructions per call: raw 1731.0k, floor 1793.0k, postonce 2142.0k, "
+        "postonce/raw x1.24, postonce/floor x1.19, postonce - floor 349k"
+    )
+    syscalls = {"raw": 12.0, "floor": 30.4, "postonce": 33.0}
+    assert bi.summary(syscalls, "syscalls", "intent", drain=True) == (
+        "SUMMARY syscalls per intent (drain): raw 12.0, floor 30.4, postonce 33.0, "
+        "postonce/raw x2.75, postonce/floor x1.09, postonce - floor 2.6"
+    )
