@@ -238,10 +238,20 @@ def test_connections_dropped_during_a_drain_lose_nothing(
         assert ledger["max_concurrent"][key] == 1
 
 
+def app_name_of(url: str, name: str) -> str:
+    """The application_name of a drain process's connections: its name, and its schema."""
+    return f"{name}-{split_schema(url)[1]}"
+
+
 def drain_process(url: str, server: LoopbackServer, name: str) -> subprocess.Popen[str]:
     # Each its own host (POSTONCE_HOST): a dead one's leases must run out before the
     # others take its intents, as across real hosts (on one host they would at once).
-    env = {**drain_env(server, url, name, lease=2), "POSTONCE_HOST": name}
+    # PGAPPNAME names its connections in pg_stat_activity (libpq reads it).
+    env = {
+        **drain_env(server, url, name, lease=2),
+        "POSTONCE_HOST": name,
+        "PGAPPNAME": app_name_of(url, name),
+    }
     return subprocess.Popen(
         [
             sys.executable,
@@ -284,29 +294,57 @@ def test_three_hosts_one_killed_every_intent_once(server: LoopbackServer, pg_out
                 if r.lease_owner is not None and f"/{hosts[0].pid}/" in r.lease_owner
             ]
 
-        # Killed while it holds leases (between two batches it holds none). Checked
-        # with host0 stopped: a check on a running host can see leases it releases
-        # before the kill lands (CI saw exactly that). The pause lets a commit it sent
-        # just before the stop reach the server first.
+        def host0_busy_on_the_server() -> bool:
+            """Is the server still running a statement host0 sent (its COMMIT, say)?
+
+            Not if the backend waits to read from host0 (mid-pipeline it stays
+            'active' in ClientRead) or on a lock only host0 holds: neither moves
+            while host0 is stopped.
+            """
+            host0 = app_name_of(pg_outbox, "host0")
+            with psycopg.connect(base, autocommit=True) as conn:
+                row = conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity AS a"
+                    " WHERE a.application_name = %s AND a.state = 'active'"
+                    " AND a.wait_event IS DISTINCT FROM 'ClientRead'"
+                    " AND NOT (cardinality(pg_blocking_pids(a.pid)) > 0"
+                    " AND pg_blocking_pids(a.pid) <@ ARRAY("
+                    "SELECT pid FROM pg_stat_activity WHERE application_name = %s))",
+                    (host0, host0),
+                ).fetchone()
+            return row is not None and row[0] > 0
+
+        # Killed while it holds leases (between two batches it holds none). Looked
+        # at with host0 stopped, once the server has finished whatever host0 sent
+        # (its last commit may release every lease it holds): a host looked at while
+        # it runs can release its leases before the kill lands (CI saw exactly that).
+        # Stopped and quiet, it can change nothing the kill does not roll back.
         while True:
             assert time.monotonic() < deadline, "host0 never held a lease"
             hosts[0].send_signal(signal.SIGSTOP)
-            time.sleep(0.05)
+            time.sleep(0.05)  # bytes it sent just before the stop reach the server
+            while host0_busy_on_the_server():
+                assert time.monotonic() < deadline, "host0's last statement never ended"
+                time.sleep(0.01)
             if held_by_host0():
                 break
             hosts[0].send_signal(signal.SIGCONT)
             time.sleep(0.005)
-        hosts[0].send_signal(signal.SIGKILL)
-        hosts[0].wait(timeout=10)
         # The dead host held leases: these are the intents the others must take over
         # (on other hosts, after the leases run out: they cannot see the process).
         orphaned = held_by_host0()
+        hosts[0].send_signal(signal.SIGKILL)
+        hosts[0].wait(timeout=10)
         deadline = time.monotonic() + 120
         while store.stats(now=time.time())["states"]["succeeded"] < 2000:
             assert time.monotonic() < deadline, store.stats(now=time.time())
             time.sleep(0.2)
         store.close()
     finally:
+        # host0 is dead by now, unless the test failed first: a host0 left stopped
+        # mid-transaction would hold its locks, and the schema's DROP would wait.
+        hosts[0].kill()
+        hosts[0].communicate(timeout=60)
         for host in hosts[1:]:
             host.send_signal(signal.SIGTERM)
         outputs = [host.communicate(timeout=60) for host in hosts[1:]]
