@@ -156,9 +156,9 @@ Counts = dict[str, int]
 def parse_callgrind(stderr: str) -> Counts:
     """Callgrind's totals from its closing lines: event name to count.
 
-    With one event (the default) it prints ``Collected : N`` and no
-    ``Events`` line; with the cache simulation, an ``Events : Ir Dr ...``
-    line names the numbers of the ``Collected`` line in order.
+    Its ``Events : Ir Dr ...`` line names the numbers of its ``Collected``
+    line, in order (with one event, ``Ir``; read as ``Ir`` if the line is
+    missing).
     """
     collected = re.search(r"Collected : ([\d ]+)$", stderr, re.MULTILINE)
     if collected is None:
@@ -172,15 +172,22 @@ def parse_callgrind(stderr: str) -> Counts:
 
 
 def parse_strace_summary(text: str) -> Counts:
-    """``strace -c``'s table: syscall name to calls, and ``total``."""
+    """``strace -c``'s table: syscall name to calls, and ``total`` (their sum).
+
+    A syscall's row is ``% time, seconds, usecs/call, calls, [errors,] name``;
+    the total row is not read (older strace leaves its usecs/call empty,
+    which would shift its columns), nor the dashed rules.
+    """
     counts: Counts = {}
     for line in text.splitlines():
         fields = line.split()
-        # % time, seconds, usecs/call, calls, [errors,] syscall
-        if len(fields) in (5, 6) and fields[3].isdigit() and not fields[0].startswith("-"):
+        if len(fields) not in (5, 6) or fields[-1] == "total" or set(fields[0]) == {"-"}:
+            continue
+        if fields[3].isdigit() and fields[-1][:1].isalpha():
             counts[fields[-1]] = int(fields[3])
-    if "total" not in counts:
-        raise ValueError("no total line in strace's summary")
+    if not counts:
+        raise ValueError("no syscall rows in strace's summary")
+    counts["total"] = sum(counts.values())
     return counts
 
 
@@ -211,9 +218,13 @@ def _counted(argv: list[str], arm: str, seed: str, measure: str = "instructions"
         check=False,
         env=env,
     )
-    if done.returncode != 0:
-        raise RuntimeError(f"callgrind run of {arm} failed:\n{done.stderr[-2000:]}")
-    return parse_callgrind(done.stderr)
+    try:
+        if done.returncode != 0:
+            raise ValueError(f"exit status {done.returncode}")
+        return parse_callgrind(done.stderr)
+    except ValueError as exc:
+        tail = done.stderr[-2000:]
+        raise RuntimeError(f"callgrind run of {arm} failed ({exc}):\n{tail}") from exc
 
 
 def per_call(short: Counts, long: Counts, calls: int) -> dict[str, float]:
@@ -258,11 +269,12 @@ def describe(arm: str, runs: Sequence[dict[str, float]], measure: str, unit: str
     """An arm's lines: its headline figure per ``unit`` (with its spread over seeds), and detail."""
     key = "total" if measure == "syscalls" else "Ir"
     values = [run.get(key, 0.0) for run in runs]
-    scale, what = (1.0, "syscalls") if measure == "syscalls" else (1000.0, "k instructions")
+    syscalls = measure == "syscalls"
+    scale, what, k = (1.0, "syscalls", "") if syscalls else (1000.0, "k instructions", "k")
     middle = statistics.median(values)
     spread = (
         f"  (min/median/max over seeds: {min(values) / scale:.1f}/{middle / scale:.1f}/"
-        f"{max(values) / scale:.1f})"
+        f"{max(values) / scale:.1f}{k})"
         if len(values) > 1
         else ""
     )

@@ -145,12 +145,14 @@ CALLGRIND_ONE_EVENT = """\
 ==6764== I   refs:      39,243,263
 """
 
-CALLGRIND_CACHE = """\
---6764-- warning: L3 cache found, using its data for the LL simulation.
-==6764== Events    : Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw
-==6764== Collected : 39243263 10575412 5816176 309629 456216 87176 11438 21615 37038
-==6764==
-==6764== I1  misses:       309,629
+CALLGRIND_MISSES = """\
+--8432-- warning: L3 cache found, using its data for the LL simulation.
+==8432== Events    : Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw Bc Bcm Bi Bim
+==8432== Collected : 39365326 10596190 5816231 309752 456516 87299 11439 21615 37038 \
+6309112 409017 891463 210939
+==8432==
+==8432== I1  misses:       309,752
+==8432== Mispredicts:      619,956  (   409,017 cond +   210,939 ind)
 """
 
 STRACE_SUMMARY = """\
@@ -163,6 +165,16 @@ STRACE_SUMMARY = """\
 100.00    0.566239          62      1466       637 total
 """
 
+# strace 4.x: no usecs/call on the total row, and -nan where no time was recorded.
+STRACE_4_SUMMARY = """\
+% time     seconds  usecs/call     calls    errors syscall
+------ ----------- ----------- --------- --------- ----------------
+100.00    0.071042          30      2305           read
+  -nan    0.000000           0        16        16 open
+------ ----------- ----------- --------- --------- ----------------
+100.00    0.071042                  2321        16 total
+"""
+
 
 @pytest.mark.parametrize(
     ("stderr", "expected"),
@@ -170,17 +182,21 @@ STRACE_SUMMARY = """\
         (CALLGRIND_ONE_EVENT, {"Ir": 39243263}),
         ("==1== Collected : 12\n", {"Ir": 12}),  # no Events line: the one default event
         (
-            CALLGRIND_CACHE,
+            CALLGRIND_MISSES,
             {
-                "Ir": 39243263,
-                "Dr": 10575412,
-                "Dw": 5816176,
-                "I1mr": 309629,
-                "D1mr": 456216,
-                "D1mw": 87176,
-                "ILmr": 11438,
+                "Ir": 39365326,
+                "Dr": 10596190,
+                "Dw": 5816231,
+                "I1mr": 309752,
+                "D1mr": 456516,
+                "D1mw": 87299,
+                "ILmr": 11439,
                 "DLmr": 21615,
                 "DLmw": 37038,
+                "Bc": 6309112,
+                "Bcm": 409017,
+                "Bi": 891463,
+                "Bim": 210939,
             },
         ),
     ],
@@ -203,15 +219,16 @@ def test_callgrind_output_without_matching_totals_is_refused(stderr: str, says: 
 
 
 def test_strace_summary_is_read_as_calls_by_name() -> None:
-    """The calls column, with or without an errors column, and the total."""
+    """The calls column, with or without an errors column; the total is their sum."""
     assert bi.parse_strace_summary(STRACE_SUMMARY) == {
         "wait4": 80,
         "openat": 1380,
         "chdir": 6,
         "total": 1466,
     }
-    with pytest.raises(ValueError, match="no total line"):
-        bi.parse_strace_summary(STRACE_SUMMARY.rsplit("100.00", 1)[0])
+    assert bi.parse_strace_summary(STRACE_4_SUMMARY) == {"read": 2305, "open": 16, "total": 2321}
+    with pytest.raises(ValueError, match="no syscall rows"):
+        bi.parse_strace_summary("\n".join(STRACE_SUMMARY.splitlines()[:2]))  # header only
 
 
 def test_per_call_figures_are_the_growth_between_the_two_runs() -> None:
@@ -231,7 +248,7 @@ def test_an_arm_is_described_by_its_median_over_seeds_with_its_spread() -> None:
         run.update(Bcm=bcm, Bim=bcm / 2)
     assert bi.describe("postonce", miss_runs, "misses", "call").splitlines() == [
         "postonce     2050.0 k instructions per call  (min/median/max over seeds: "
-        "2000.0/2050.0/2100.0)",
+        "2000.0/2050.0/2100.0k)",
         "           misses per call: I1 42.00k, D1 23.00k (read 21.00k, write 2.00k), LL 0.020k; "
         "mispredicted branches 15.00k (conditional 10.00k, indirect 5.00k)",
     ]
