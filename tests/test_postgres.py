@@ -246,12 +246,9 @@ def app_name_of(url: str, name: str) -> str:
 def drain_process(url: str, server: LoopbackServer, name: str) -> subprocess.Popen[str]:
     # Each its own host (POSTONCE_HOST): a dead one's leases must run out before the
     # others take its intents, as across real hosts (on one host they would at once).
-    # PGAPPNAME names its connections in pg_stat_activity (libpq reads it).
-    env = {
-        **drain_env(server, url, name, lease=2),
-        "POSTONCE_HOST": name,
-        "PGAPPNAME": app_name_of(url, name),
-    }
+    # Its connections carry its name in pg_stat_activity (the URL's application_name).
+    named = f"{url}&application_name={app_name_of(url, name)}"
+    env = {**drain_env(server, named, name, lease=2), "POSTONCE_HOST": name}
     return subprocess.Popen(
         [
             sys.executable,
@@ -304,15 +301,18 @@ def test_three_hosts_one_killed_every_intent_once(server: LoopbackServer, pg_out
             host0 = app_name_of(pg_outbox, "host0")
             with psycopg.connect(base, autocommit=True) as conn:
                 row = conn.execute(
-                    "SELECT count(*) FROM pg_stat_activity AS a"
-                    " WHERE a.application_name = %s AND a.state = 'active'"
+                    "SELECT count(*), count(*) FILTER (WHERE a.state = 'active'"
                     " AND a.wait_event IS DISTINCT FROM 'ClientRead'"
                     " AND NOT (cardinality(pg_blocking_pids(a.pid)) > 0"
                     " AND pg_blocking_pids(a.pid) <@ ARRAY("
-                    "SELECT pid FROM pg_stat_activity WHERE application_name = %s))",
+                    "SELECT pid FROM pg_stat_activity WHERE application_name = %s)))"
+                    " FROM pg_stat_activity AS a WHERE a.application_name = %s",
                     (host0, host0),
                 ).fetchone()
-            return row is not None and row[0] > 0
+            assert row is not None
+            named, busy = row
+            assert named > 0, "host0's connections are not named: this check would see none"
+            return bool(busy > 0)
 
         # Killed while it holds leases (between two batches it holds none). Looked
         # at with host0 stopped, once the server has finished whatever host0 sent
@@ -326,13 +326,13 @@ def test_three_hosts_one_killed_every_intent_once(server: LoopbackServer, pg_out
             while host0_busy_on_the_server():
                 assert time.monotonic() < deadline, "host0's last statement never ended"
                 time.sleep(0.01)
-            if held_by_host0():
+            # The leases it dies with: the intents the others must take over (on
+            # other hosts, after the leases run out: they cannot see the process).
+            orphaned = held_by_host0()
+            if orphaned:
                 break
             hosts[0].send_signal(signal.SIGCONT)
             time.sleep(0.005)
-        # The dead host held leases: these are the intents the others must take over
-        # (on other hosts, after the leases run out: they cannot see the process).
-        orphaned = held_by_host0()
         hosts[0].send_signal(signal.SIGKILL)
         hosts[0].wait(timeout=10)
         deadline = time.monotonic() + 120
