@@ -153,6 +153,11 @@ def _drained(
 Counts = dict[str, int]
 
 
+def headline(measure: str) -> tuple[str, float, str]:
+    """What one figure per arm is for ``measure``: its count's name, its scale, its suffix."""
+    return ("total", 1.0, "") if measure == "syscalls" else ("Ir", 1000.0, "k")
+
+
 def parse_callgrind(stderr: str) -> Counts:
     """Callgrind's totals from its closing lines: event name to count.
 
@@ -191,7 +196,7 @@ def parse_strace_summary(text: str) -> Counts:
     return counts
 
 
-def _counted(argv: list[str], arm: str, seed: str, measure: str = "instructions") -> Counts:
+def _counted(argv: list[str], arm: str, seed: str, measure: str) -> Counts:
     env = {**os.environ, "PYTHONHASHSEED": seed}
     child_argv = [sys.executable, __file__, *argv]
     if measure == "syscalls":
@@ -218,13 +223,13 @@ def _counted(argv: list[str], arm: str, seed: str, measure: str = "instructions"
         check=False,
         env=env,
     )
-    try:
-        if done.returncode != 0:
-            raise ValueError(f"exit status {done.returncode}")
-        return parse_callgrind(done.stderr)
-    except ValueError as exc:
-        tail = done.stderr[-2000:]
-        raise RuntimeError(f"callgrind run of {arm} failed ({exc}):\n{tail}") from exc
+    problem = f"exit status {done.returncode}"
+    if done.returncode == 0:
+        try:
+            return parse_callgrind(done.stderr)
+        except ValueError as exc:
+            problem = str(exc)
+    raise RuntimeError(f"callgrind run of {arm} failed ({problem}):\n{done.stderr[-2000:]}")
 
 
 def per_call(short: Counts, long: Counts, calls: int) -> dict[str, float]:
@@ -267,10 +272,9 @@ def _median(runs: Sequence[dict[str, float]], *names: str) -> float:
 
 def describe(arm: str, runs: Sequence[dict[str, float]], measure: str, unit: str) -> str:
     """An arm's lines: its headline figure per ``unit`` (with its spread over seeds), and detail."""
-    key = "total" if measure == "syscalls" else "Ir"
+    key, scale, k = headline(measure)
+    what = "syscalls" if key == "total" else "k instructions"
     values = [run.get(key, 0.0) for run in runs]
-    syscalls = measure == "syscalls"
-    scale, what, k = (1.0, "syscalls", "") if syscalls else (1000.0, "k instructions", "k")
     middle = statistics.median(values)
     spread = (
         f"  (min/median/max over seeds: {min(values) / scale:.1f}/{middle / scale:.1f}/"
@@ -347,7 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         for n in (args.calls, 3 * args.calls)
                     )
                 runs.append(per_call(short, long, args.calls))
-            per_arm[arm] = _median(runs, "total" if args.measure == "syscalls" else "Ir")
+            per_arm[arm] = _median(runs, headline(args.measure)[0])
             print(describe(arm, runs, args.measure, unit), flush=True)
     finally:
         server.stop()
@@ -358,8 +362,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def summary(per_arm: dict[str, float], measure: str, unit: str, drain: bool) -> str:
     """The ``SUMMARY`` line: each arm's headline figure, and postonce's against raw and floor."""
     raw, floor, ours = (per_arm.get(arm) for arm in ARMS)
-    syscalls = measure == "syscalls"
-    scale, suffix = (1.0, "") if syscalls else (1000.0, "k")
+    key, scale, suffix = headline(measure)
+    syscalls = key == "total"
     parts = [f"{arm} {count / scale:.1f}{suffix}" for arm, count in per_arm.items()]
     if ours is not None and raw:
         parts.append(f"postonce/raw x{ours / raw:.2f}")
