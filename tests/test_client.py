@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -574,12 +575,28 @@ def test_deadline_stops_a_never_sent_intent(make_client: ClientFactory) -> None:
 
 
 def test_deadline_with_ambiguous_delivery_expires(make_client: ClientFactory) -> None:
-    """Past the deadline with delivery ambiguous, the intent expires for reconciliation."""
-    rec = Recorder(read_timeout)
-    client = make_client(transport=rec.transport, retry=FAST.model_copy(update={"attempts": 1000}))
-    client.outbox  # noqa: B018  # opened first: opening a PostgreSQL pool must not eat the 0.1 s deadline
+    """Past the deadline with delivery ambiguous, the intent expires for reconciliation.
+
+    The client's clock moves a second with each send and not otherwise, so the
+    first send is always before the 0.1 s deadline and the next check after it.
+    On the wall clock, a loaded CI once took longer than 0.1 s to reach the first
+    send, and the intent was cancelled as never sent instead.
+    """
+    now = [time.time()]
+
+    def a_second_then_no_answer(request: httpx.Request) -> httpx.Response:
+        now[0] += 1.0
+        return read_timeout(request)
+
+    rec = Recorder(a_second_then_no_answer)
+    client = make_client(
+        transport=rec.transport,
+        retry=FAST.model_copy(update={"attempts": 1000}),
+        clock=lambda: now[0],
+    )
     with pytest.raises(postonce.IntentExpired):
         client.post_once("/c", json={}, intent="o-26", deadline=timedelta(seconds=0.1))
+    assert len(rec.requests) == 1
 
 
 # -- keys in the body ------------------------------------------------------------------
