@@ -19,6 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import async_throughput as at
 import bench_instructions as bi
+import bench_phases as bp
+from spread import Spread
 
 
 def test_a_failed_run_loses_only_itself_and_is_reported(
@@ -269,4 +271,35 @@ def test_the_summary_line_sets_postonce_against_raw_and_floor() -> None:
     assert bi.summary(syscalls, "syscalls", "intent", drain=True) == (
         "SUMMARY syscalls per intent (drain): raw 12.0, floor 30.4, postonce 33.0, "
         "postonce/raw x2.75, postonce/floor x1.09, postonce - floor 2.6"
+    )
+
+
+def test_a_call_is_split_at_its_transport_into_before_wait_and_after() -> None:
+    assert bp.split(10.0, 10.000050, 10.000200, 10.000300) == pytest.approx(
+        (50.0, 150.0, 100.0, 300.0)
+    )
+    # A call that never reached its transport keeps the previous call's marks.
+    with pytest.raises(ValueError, match="out of order"):
+        bp.split(20.0, 10.000050, 10.000200, 20.000300)
+
+
+def test_phase_gaps_and_ratios_are_taken_within_each_repeat() -> None:
+    calls = [(50.0, 1.0, 40.0, 91.0), (70.0, 1.0, 60.0, 131.0), (60.0, 3.0, 50.0, 113.0)]
+    assert bp.medians(calls) == (60.0, 1.0, 50.0, 113.0)
+    postonce = [(96.0, 0.4, 94.0, 190.0), (100.0, 0.4, 100.0, 200.0)]
+    floor = [(68.0, 0.4, 54.0, 122.0), (60.0, 0.4, 40.0, 100.0)]
+    # Repeat by repeat (28, 40), not median against median of other repeats.
+    assert bp.gap(postonce, floor, 0).values == (28.0, 40.0)
+    assert bp.gap(postonce, floor, 3).values == (68.0, 100.0)
+    assert bp.ratio(postonce, floor).values == pytest.approx((190 / 122, 2.0))
+    assert bp.plain(bp.gap(postonce, floor, 0), "+.1f") == "+28.0/+34.0/+40.0"
+
+
+def test_the_phases_summary_says_what_idling_adds_to_the_gap() -> None:
+    gaps = {w: Spread.of([g]) for w, g in zip(bp.WAITS, (71.0, 70.5, 113.6, 116.7), strict=True)}
+    ratios = {w: Spread.of([r]) for w, r in zip(bp.WAITS, (1.58, 1.26, 1.29, 1.30), strict=True)}
+    assert bp.summary(gaps, ratios) == (
+        "SUMMARY phases, postonce NORMAL - floor NORMAL (total), none: +71us x1.58, "
+        "spin: +70us x1.26, sleep: +114us x1.29, server: +117us x1.30; "
+        "idling adds +43us to the gap"
     )
