@@ -395,33 +395,51 @@ def test_a_flow_that_waits_for_its_turn_when_the_drain_stops_sends_nothing(
 
 @pytest.mark.parametrize("backend", ["postgres"])
 def test_a_flow_that_waited_for_its_turn_checks_its_deadline_after_the_wait(
-    server: LoopbackServer, make_client: ClientFactory
+    make_client: ClientFactory,
 ) -> None:
     """The extra flow's wait comes before its checks: past its deadline, it never sends.
 
-    Two intents due at once, each sent in 1.5 s, each with a deadline 1 s away;
-    concurrency 1. The first is sent in time; the second gets its turn after
-    its deadline and is stopped unsent, not sent late.
+    Two intents due at once, each with a deadline 1 s away; concurrency 1. The
+    client's clock moves only when the drain's first send ends, by 1.5 s: the
+    first intent is sent in time, the second gets its turn after its deadline
+    and is stopped unsent, not sent late. (On the wall clock, with a server
+    taking 1.5 s, a slow machine could pass the first deadline too.) The send
+    also takes 0.2 s of real time, so a flow checking before its wait would do
+    so while the clock still reads the deadline ahead, and send.
     """
-    client = make_client(server.base_url, durability="normal")
+    now = [time.time()]
+    sent: dict[str, int] = {}
+
+    def first_503_then_a_slow_201(request: httpx.Request) -> httpx.Response:
+        key = request.headers["Idempotency-Key"]
+        sent[key] = sent.get(key, 0) + 1
+        if sent[key] == 1:
+            return httpx.Response(503, headers={"Retry-After": "0"})
+        time.sleep(0.2)
+        now[0] += 1.5
+        return httpx.Response(201, json={"id": key})
+
+    client = make_client(
+        durability="normal",
+        transport=httpx.MockTransport(first_503_then_a_slow_201),
+        clock=lambda: now[0],
+    )
     keys = []
     for i in range(2):
         with pytest.raises(postonce.IntentPending) as exc:
             client.post_once(
-                "/ietf/v1/charges",
-                json={
-                    "amount": 1,
-                    "_test": {"before": [{"status": 503, "retry_after": "0"}], "delay": 1.5},
-                },
+                "/charges",
+                json={"amount": 1},
                 intent=f"turn-deadline-{i}",
                 retry=ONE,
                 deadline=timedelta(seconds=1.0),
             )
         keys.append(exc.value.key)
+    now[0] += 0.1  # past the retry's backoff (at most FAST.wait_max), within the deadline
     report = client.drain()
     # Stopped by its deadline, unsent (expired: the 503 it met left delivery ambiguous).
     assert (report.claimed, report.sent, report.succeeded, report.expired) == (2, 1, 1, 1)
-    assert sorted(len(server.requests_for(key)) for key in keys) == [1, 2]
+    assert sorted(sent[key] for key in keys) == [1, 2]
 
 
 def test_drain_flows_see_the_callers_context_variables(
