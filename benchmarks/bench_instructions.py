@@ -85,6 +85,8 @@ from bench_sync import BODY, run_main, start_server
 
 ARMS = ("raw", "floor", "postonce")
 MEASURES = ("instructions", "misses", "syscalls")
+#: The simulated misses the SUMMARY sets postonce against the floor in: callgrind's events.
+MISS_GROUPS = {"I1": ("I1mr",), "D1": ("D1mr", "D1mw"), "mispredicted": ("Bcm", "Bim")}
 
 
 def _arm_call(arm: str, url: str, workdir: Path) -> Callable[[], object]:
@@ -337,6 +339,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{what}, per arm; PYTHONHASHSEED: {', '.join(seeds)}; measure: {args.measure}")
         unit = "intent" if args.drain else "call"
         per_arm: dict[str, float] = {}
+        missed: dict[str, dict[str, float]] = {}
         for arm in arms:
             runs = []
             for seed in seeds:
@@ -352,15 +355,27 @@ def main(argv: Sequence[str] | None = None) -> int:
                     )
                 runs.append(per_call(short, long, args.calls))
             per_arm[arm] = _median(runs, headline(args.measure)[0])
+            if args.measure == "misses":
+                missed[arm] = {group: _median(runs, *ev) for group, ev in MISS_GROUPS.items()}
             print(describe(arm, runs, args.measure, unit), flush=True)
     finally:
         server.stop()
-    print(summary(per_arm, args.measure, unit, args.drain))
+    print(summary(per_arm, args.measure, unit, args.drain, missed))
     return 0
 
 
-def summary(per_arm: dict[str, float], measure: str, unit: str, drain: bool) -> str:
-    """The ``SUMMARY`` line: each arm's headline figure, and postonce's against raw and floor."""
+def summary(
+    per_arm: dict[str, float],
+    measure: str,
+    unit: str,
+    drain: bool,
+    missed: dict[str, dict[str, float]] | None = None,
+) -> str:
+    """The ``SUMMARY`` line: each arm's headline figure, and postonce's against raw and floor.
+
+    ``missed`` (``--measure misses``): each arm's simulated misses by
+    :data:`MISS_GROUPS`, of which postonce's are set against the floor's.
+    """
     raw, floor, ours = (per_arm.get(arm) for arm in ARMS)
     key, scale, suffix = headline(measure)
     syscalls = key == "total"
@@ -372,7 +387,16 @@ def summary(per_arm: dict[str, float], measure: str, unit: str, drain: bool) -> 
     if ours is not None and raw and floor:
         parts.append(f"postonce - floor {(ours - floor) / scale:.{1 if syscalls else 0}f}{suffix}")
     what = "syscalls" if syscalls else "instructions"
-    return f"SUMMARY {what} per {unit}{' (drain)' if drain else ''}: " + ", ".join(parts)
+    line = f"SUMMARY {what} per {unit}{' (drain)' if drain else ''}: " + ", ".join(parts)
+    floor_missed, ours_missed = ((missed or {}).get(arm) for arm in ARMS[1:])
+    if ours_missed and floor_missed:
+        ratios = [
+            f"{group} x{ours_missed[group] / floor_missed[group]:.2f}"
+            for group in MISS_GROUPS
+            if floor_missed.get(group)
+        ]
+        line += "; misses, postonce/floor: " + ", ".join(ratios)
+    return line
 
 
 if __name__ == "__main__":

@@ -274,6 +274,23 @@ def test_the_summary_line_sets_postonce_against_raw_and_floor() -> None:
     )
 
 
+def test_the_misses_summary_sets_postonce_misses_against_the_floors() -> None:
+    figures = {"raw": 1_727_600.0, "floor": 1_795_500.0, "postonce": 2_127_400.0}
+    missed = {
+        "raw": {"I1": 37_600.0, "D1": 18_660.0, "mispredicted": 47_250.0},
+        "floor": {"I1": 39_910.0, "D1": 20_000.0, "mispredicted": 49_740.0},
+        "postonce": {"I1": 46_920.0, "D1": 25_920.0, "mispredicted": 59_730.0},
+    }
+    assert bi.summary(figures, "misses", "call", drain=False, missed=missed) == (
+        "SUMMARY instructions per call: raw 1727.6k, floor 1795.5k, postonce 2127.4k, "
+        "postonce/raw x1.23, postonce/floor x1.18, postonce - floor 332k; "
+        "misses, postonce/floor: I1 x1.18, D1 x1.30, mispredicted x1.20"
+    )
+    # Without the floor's misses (an arm left out) the line says nothing of them.
+    del missed["floor"]
+    assert "misses" not in bi.summary(figures, "misses", "call", drain=False, missed=missed)
+
+
 def test_a_call_is_split_at_its_transport_into_before_wait_and_after() -> None:
     assert bp.split(10.0, 10.000050, 10.000200, 10.000300) == pytest.approx(
         (50.0, 150.0, 100.0, 300.0)
