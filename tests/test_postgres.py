@@ -291,7 +291,7 @@ def test_three_hosts_one_killed_every_intent_once(server: LoopbackServer, pg_out
                 if r.lease_owner is not None and f"/{hosts[0].pid}/" in r.lease_owner
             ]
 
-        def host0_busy_on_the_server() -> bool:
+        def host0_busy_on_the_server(conn: psycopg.Connection[Any]) -> bool:
             """Is the server still running a statement host0 sent (its COMMIT, say)?
 
             Not if the backend waits to read from host0 (mid-pipeline it stays
@@ -299,16 +299,15 @@ def test_three_hosts_one_killed_every_intent_once(server: LoopbackServer, pg_out
             while host0 is stopped.
             """
             host0 = app_name_of(pg_outbox, "host0")
-            with psycopg.connect(base, autocommit=True) as conn:
-                row = conn.execute(
-                    "SELECT count(*), count(*) FILTER (WHERE a.state = 'active'"
-                    " AND a.wait_event IS DISTINCT FROM 'ClientRead'"
-                    " AND NOT (cardinality(pg_blocking_pids(a.pid)) > 0"
-                    " AND pg_blocking_pids(a.pid) <@ ARRAY("
-                    "SELECT pid FROM pg_stat_activity WHERE application_name = %s)))"
-                    " FROM pg_stat_activity AS a WHERE a.application_name = %s",
-                    (host0, host0),
-                ).fetchone()
+            row = conn.execute(
+                "SELECT count(*), count(*) FILTER (WHERE a.state = 'active'"
+                " AND a.wait_event IS DISTINCT FROM 'ClientRead'"
+                " AND NOT (cardinality(pg_blocking_pids(a.pid)) > 0"
+                " AND pg_blocking_pids(a.pid) <@ ARRAY("
+                "SELECT pid FROM pg_stat_activity WHERE application_name = %s)))"
+                " FROM pg_stat_activity AS a WHERE a.application_name = %s",
+                (host0, host0),
+            ).fetchone()
             assert row is not None
             named, busy = row
             assert named > 0, "host0's connections are not named: this check would see none"
@@ -319,20 +318,22 @@ def test_three_hosts_one_killed_every_intent_once(server: LoopbackServer, pg_out
         # (its last commit may release every lease it holds): a host looked at while
         # it runs can release its leases before the kill lands (CI saw exactly that).
         # Stopped and quiet, it can change nothing the kill does not roll back.
-        while True:
-            assert time.monotonic() < deadline, "host0 never held a lease"
-            hosts[0].send_signal(signal.SIGSTOP)
-            time.sleep(0.05)  # bytes it sent just before the stop reach the server
-            while host0_busy_on_the_server():
-                assert time.monotonic() < deadline, "host0's last statement never ended"
-                time.sleep(0.01)
-            # The leases it dies with: the intents the others must take over (on
-            # other hosts, after the leases run out: they cannot see the process).
-            orphaned = held_by_host0()
-            if orphaned:
-                break
-            hosts[0].send_signal(signal.SIGCONT)
-            time.sleep(0.005)
+        # One connection watches the server's activity for every look.
+        with psycopg.connect(base, autocommit=True) as watcher:
+            while True:
+                assert time.monotonic() < deadline, "host0 never held a lease"
+                hosts[0].send_signal(signal.SIGSTOP)
+                time.sleep(0.05)  # bytes it sent just before the stop reach the server
+                while host0_busy_on_the_server(watcher):
+                    assert time.monotonic() < deadline, "host0's last statement never ended"
+                    time.sleep(0.01)
+                # The leases it dies with: the intents the others must take over (on
+                # other hosts, after the leases run out: they cannot see the process).
+                orphaned = held_by_host0()
+                if orphaned:
+                    break
+                hosts[0].send_signal(signal.SIGCONT)
+                time.sleep(0.005)
         hosts[0].send_signal(signal.SIGKILL)
         hosts[0].wait(timeout=10)
         deadline = time.monotonic() + 120
