@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import random
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -276,10 +278,34 @@ def test_the_summary_line_sets_postonce_against_raw_and_floor() -> None:
 
 def test_the_misses_summary_sets_postonce_misses_against_the_floors() -> None:
     figures = {"raw": 1_727_600.0, "floor": 1_795_500.0, "postonce": 2_127_400.0}
+    # Per-call figures by callgrind's event names, as per_call gives them (one seed),
+    # grouped as main() groups them: a misspelt event would count nothing.
+    runs = {
+        "raw": {
+            "I1mr": 37_600.0,
+            "D1mr": 15_000.0,
+            "D1mw": 3_660.0,
+            "Bcm": 22_000.0,
+            "Bim": 25_250.0,
+        },
+        "floor": {
+            "I1mr": 39_910.0,
+            "D1mr": 16_000.0,
+            "D1mw": 4_000.0,
+            "Bcm": 24_000.0,
+            "Bim": 25_740.0,
+        },
+        "postonce": {
+            "I1mr": 46_920.0,
+            "D1mr": 20_920.0,
+            "D1mw": 5_000.0,
+            "Bcm": 29_000.0,
+            "Bim": 30_730.0,
+        },
+    }
     missed = {
-        "raw": {"I1": 37_600.0, "D1": 18_660.0, "mispredicted": 47_250.0},
-        "floor": {"I1": 39_910.0, "D1": 20_000.0, "mispredicted": 49_740.0},
-        "postonce": {"I1": 46_920.0, "D1": 25_920.0, "mispredicted": 59_730.0},
+        arm: {group: bi._median([run], *events) for group, events in bi.MISS_GROUPS.items()}
+        for arm, run in runs.items()
     }
     assert bi.summary(figures, "misses", "call", drain=False, missed=missed) == (
         "SUMMARY instructions per call: raw 1727.6k, floor 1795.5k, postonce 2127.4k, "
@@ -313,10 +339,39 @@ def test_phase_gaps_and_ratios_are_taken_within_each_repeat() -> None:
 
 
 def test_the_phases_summary_says_what_idling_adds_to_the_gap() -> None:
-    gaps = {w: Spread.of([g]) for w, g in zip(bp.WAITS, (71.0, 70.5, 113.6, 116.7), strict=True)}
+    # none and spin far apart: the idle figure is sleep - spin, not sleep - none.
+    gaps = {w: Spread.of([g]) for w, g in zip(bp.WAITS, (60.0, 70.5, 113.6, 116.7), strict=True)}
     ratios = {w: Spread.of([r]) for w, r in zip(bp.WAITS, (1.58, 1.26, 1.29, 1.30), strict=True)}
     assert bp.summary(gaps, ratios) == (
-        "SUMMARY phases, postonce NORMAL - floor NORMAL (total), none: +71us x1.58, "
+        "SUMMARY phases, postonce NORMAL - floor NORMAL (total), none: +60us x1.58, "
         "spin: +70us x1.26, sleep: +114us x1.29, server: +117us x1.30; "
         "idling adds +43us to the gap"
     )
+
+
+def test_each_phase_candidate_has_its_own_marks_and_waits_as_named(tmp_path: Path) -> None:
+    """The measuring side of bench_phases, without a server: a round of each stand-in wait.
+
+    A wait can only last at least as long as asked (a lower bound, not a timing
+    threshold); marks shared between candidates would let one arm's transport
+    stamp another's call.
+    """
+    seconds = 0.002
+    with ExitStack() as closing:
+        candidates = [
+            c
+            for wait in ("none", "spin", "sleep")
+            for c in bp.candidates_for(
+                wait, "http://127.0.0.1:9/v1/charges", seconds, tmp_path, closing
+            )
+        ]
+        bp.run_rounds(candidates, 1, random.Random(1), keep=True, block=2)
+    assert [(c.wait, c.arm) for c in candidates] == [
+        (w, a) for w in ("none", "spin", "sleep") for a in bp.ARMS
+    ]
+    assert len({id(c.marks) for c in candidates}) == len(candidates)
+    wait = bp.PHASES.index("wait")
+    for c in candidates:
+        assert len(c.calls) == 2
+        if c.wait != "none":
+            assert all(call[wait] >= seconds * 1e6 for call in c.calls), (c.wait, c.arm, c.calls)
