@@ -405,7 +405,9 @@ def test_a_flow_that_waited_for_its_turn_checks_its_deadline_after_the_wait(
     and is stopped unsent, not sent late. (On the wall clock, with a server
     taking 1.5 s, a slow machine could pass the first deadline too.) The send
     also takes 0.2 s of real time, so a flow checking before its wait would do
-    so while the clock still reads the deadline ahead, and send.
+    so while the clock still reads the deadline ahead, and send. (On the async
+    client the sleep blocks the event loop; there the order of the tasks is what
+    puts such a check before the first send's end.)
     """
     now = [time.time()]
     sent: dict[str, int] = {}

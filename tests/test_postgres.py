@@ -318,7 +318,8 @@ def test_three_hosts_one_killed_every_intent_once(server: LoopbackServer, pg_out
         # (its last commit may release every lease it holds): a host looked at while
         # it runs can release its leases before the kill lands (CI saw exactly that).
         # Stopped and quiet, it can change nothing the kill does not roll back.
-        # One connection watches the server's activity for every look.
+        # One connection watches the server's activity for every look. Autocommit:
+        # each look is its own transaction, so pg_stat_activity is read afresh.
         with psycopg.connect(base, autocommit=True) as watcher:
             while True:
                 assert time.monotonic() < deadline, "host0 never held a lease"
