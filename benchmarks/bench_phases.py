@@ -34,7 +34,6 @@ going idle is. Nothing is asserted: the script only prints.
 from __future__ import annotations
 
 import argparse
-import gc
 import random
 import statistics
 import sys
@@ -51,7 +50,7 @@ import httpx
 import postonce
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_sync import _RESPONSE_BODY, BODY, pinned_server, print_facts, run_main
+from bench_sync import _RESPONSE_BODY, BODY, measure, pinned_server, print_facts, run_main
 from floor import Floor
 from spread import Spread
 
@@ -270,15 +269,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for wait in WAITS
             for c in candidates_for(wait, pinned.server.url, seconds, pinned.workdir, closing)
         ]
-        rng = random.Random(args.seed)
-        run_rounds(candidates, args.warmup, rng, keep=False, block=args.block)
-        gc.collect()
-        for number in range(1, args.repeats + 1):
-            run_rounds(candidates, args.rounds, rng, keep=True, block=args.block)
-            for candidate in candidates:
-                candidate.end_repeat()
-            print(f"repeat {number}/{args.repeats} done")
-            sys.stdout.flush()
+        measure(run_rounds, candidates, args)
         report(candidates, seconds)
     return 0
 

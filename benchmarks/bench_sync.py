@@ -76,7 +76,7 @@ from multiprocessing import get_context
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import httpx
 
@@ -385,6 +385,36 @@ def run_rounds(
                     candidate.samples.append(elapsed)
 
 
+class Repeating(Protocol):
+    def end_repeat(self) -> None: ...
+
+
+C = TypeVar("C", bound=Repeating)
+
+
+def measure(
+    run_rounds: Callable[[Sequence[C], int, random.Random, bool, int], None],
+    candidates: Sequence[C],
+    args: argparse.Namespace,
+) -> None:
+    """Warm-up rounds, then ``args.repeats`` measured repeats of ``args.rounds`` rounds.
+
+    ``run_rounds(candidates, rounds, rng, keep, block)`` makes the rounds in an
+    order drawn from ``args.seed``; after each measured repeat every candidate's
+    ``end_repeat`` files its samples, and progress is printed.
+    """
+    rng = random.Random(args.seed)
+    run_rounds(candidates, args.warmup, rng, False, args.block)
+    gc.collect()
+    started = time.monotonic()
+    for number in range(1, args.repeats + 1):
+        run_rounds(candidates, args.rounds, rng, True, args.block)
+        for candidate in candidates:
+            candidate.end_repeat()
+        print(f"repeat {number}/{args.repeats} done at {time.monotonic() - started:.1f} s")
+        sys.stdout.flush()
+
+
 @dataclass(frozen=True)
 class Stats:
     n: int
@@ -654,16 +684,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             candidates.append(stripe_candidate(stripe_client))
         else:
             print("stripe-python: not installed or left out (--no-stripe): no stripe arm")
-        rng = random.Random(args.seed)
-        run_rounds(candidates, args.warmup, rng, keep=False, block=args.block)
-        gc.collect()
-        started = time.monotonic()
-        for number in range(1, args.repeats + 1):
-            run_rounds(candidates, args.rounds, rng, keep=True, block=args.block)
-            for candidate in candidates:
-                candidate.end_repeat()
-            print(f"repeat {number}/{args.repeats} done at {time.monotonic() - started:.1f} s")
-            sys.stdout.flush()
+        measure(run_rounds, candidates, args)
         print(f"load average at end: {os.getloadavg()}")
         report(candidates)
     return 0
