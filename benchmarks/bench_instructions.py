@@ -287,12 +287,12 @@ def describe(arm: str, runs: Sequence[dict[str, float]], measure: str, unit: str
     lines = [f"{arm:10s} {middle / scale:8.1f} {what} per {unit}{spread}"]
     if measure == "misses":
         lines.append(
-            f"{'':10s} misses per {unit}: I1 {_median(runs, 'I1mr') / 1000:.2f}k, "
-            f"D1 {_median(runs, 'D1mr', 'D1mw') / 1000:.2f}k "
+            f"{'':10s} misses per {unit}: I1 {_median(runs, *MISS_GROUPS['I1']) / 1000:.2f}k, "
+            f"D1 {_median(runs, *MISS_GROUPS['D1']) / 1000:.2f}k "
             f"(read {_median(runs, 'D1mr') / 1000:.2f}k, "
             f"write {_median(runs, 'D1mw') / 1000:.2f}k), "
             f"LL {_median(runs, 'ILmr', 'DLmr', 'DLmw') / 1000:.3f}k; "
-            f"mispredicted branches {_median(runs, 'Bcm', 'Bim') / 1000:.2f}k "
+            f"mispredicted branches {_median(runs, *MISS_GROUPS['mispredicted']) / 1000:.2f}k "
             f"(conditional {_median(runs, 'Bcm') / 1000:.2f}k, "
             f"indirect {_median(runs, 'Bim') / 1000:.2f}k)"
         )

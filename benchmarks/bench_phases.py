@@ -26,9 +26,10 @@ order, so drift hits all alike. Each figure is the median over a repeat's calls,
 shown as min/median/max over the repeats (``UNSTABLE`` when they differ by more
 than 30%). ``postonce - floor`` is taken within each repeat.
 
-What it tells: if the gap grows from ``spin`` to ``sleep`` by as much as from
-``none`` to ``server``, the wait's length is not what widens it; the thread
-going idle is. Nothing is asserted: the script only prints.
+What it tells: ``sleep`` minus ``spin`` is what an idle wait adds to the gap,
+time passing being the same; set beside ``server`` minus ``none``, it says how
+much of what the real server adds that is. It does not say why code runs
+slower after an idle wait. Nothing is asserted: the script only prints.
 """
 
 from __future__ import annotations
@@ -94,11 +95,6 @@ def ratio(top: Sequence[Sequence[float]], bottom: Sequence[Sequence[float]]) -> 
     """``top / bottom`` of the total, within each repeat."""
     total = PHASES.index("total")
     return Spread.of(a[total] / b[total] for a, b in zip(top, bottom, strict=True))
-
-
-def plain(spread: Spread, fmt: str) -> str:
-    """``min/median/max`` without the UNSTABLE flag (for differences, where 30% means nothing)."""
-    return f"{spread.min:{fmt}}/{spread.median:{fmt}}/{spread.max:{fmt}}"
 
 
 def summary(gaps: dict[str, Spread], ratios: dict[str, Spread]) -> str:
@@ -231,8 +227,7 @@ def report(candidates: Sequence[Candidate], seconds: float) -> None:
     gaps, ratios = {}, {}
     for wait in WAITS:
         top, bottom = by[(wait, "postonce")], by[(wait, "floor")]
-        # A difference has no "30% apart": the arms' own rows above carry the flag.
-        cells = [plain(gap(top, bottom, i), "+.1f") for i in range(len(PHASES))]
+        cells = [gap(top, bottom, i).text("+.1f", flag=False) for i in range(len(PHASES))]
         gaps[wait], ratios[wait] = gap(top, bottom, PHASES.index("total")), ratio(top, bottom)
         row = " ".join(f"{c:>22}" for c in cells)
         print(f"{wait:7} {row}   x{ratios[wait].text('.2f')}")

@@ -389,12 +389,12 @@ class Repeating(Protocol):
     def end_repeat(self) -> None: ...
 
 
-C = TypeVar("C", bound=Repeating)
+CandidateT = TypeVar("CandidateT", bound=Repeating)
 
 
 def measure(
-    run_rounds: Callable[[Sequence[C], int, random.Random, bool, int], None],
-    candidates: Sequence[C],
+    run_rounds: Callable[[Sequence[CandidateT], int, random.Random, bool, int], None],
+    candidates: Sequence[CandidateT],
     args: argparse.Namespace,
 ) -> None:
     """Warm-up rounds, then ``args.repeats`` measured repeats of ``args.rounds`` rounds.

@@ -64,10 +64,14 @@ class Spread:
     def unstable(self) -> bool:
         return len(self.values) > 1 and self.width > UNSTABLE_SPREAD
 
-    def text(self, fmt: str = ".0f") -> str:
-        """``min/median/max``, with `` UNSTABLE`` appended when the repeats disagree."""
+    def text(self, fmt: str = ".0f", *, flag: bool = True) -> str:
+        """``min/median/max``, with `` UNSTABLE`` appended when the repeats disagree.
+
+        ``flag=False`` leaves the flag off: for a difference of two figures,
+        where "30% apart" means nothing (the figures' own spreads carry it).
+        """
         body = f"{self.min:{fmt}}/{self.median:{fmt}}/{self.max:{fmt}}"
-        return body + (" UNSTABLE" if self.unstable else "")
+        return body + (" UNSTABLE" if flag and self.unstable else "")
 
 
 def verdict(met: bool, *spreads: Spread) -> str:

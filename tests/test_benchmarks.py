@@ -335,7 +335,7 @@ def test_phase_gaps_and_ratios_are_taken_within_each_repeat() -> None:
     assert bp.gap(postonce, floor, 0).values == (28.0, 40.0)
     assert bp.gap(postonce, floor, 3).values == (68.0, 100.0)
     assert bp.ratio(postonce, floor).values == pytest.approx((190 / 122, 2.0))
-    assert bp.plain(bp.gap(postonce, floor, 0), "+.1f") == "+28.0/+34.0/+40.0"
+    assert bp.gap(postonce, floor, 0).text("+.1f", flag=False) == "+28.0/+34.0/+40.0"
 
 
 def test_the_phases_summary_says_what_idling_adds_to_the_gap() -> None:
