@@ -9,8 +9,10 @@ instruction count (``bench_instructions.py``) says. This script splits each
 call's time in three at its transport: **before** (the call starts, up to the
 transport's ``handle_request``), **wait** (inside it) and **after** (from its
 return to the call's end: reading the body, recording the answer). It does so
-for raw httpx, the floor NORMAL and ``post_once`` NORMAL, each over four kinds
-of wait, all in one run:
+for raw httpx, the floor NORMAL, the floor on postonce's schema NORMAL
+(``schema``: ``floor.SchemaFloor``, the floor's Python running ``post_once``'s
+own statements) and ``post_once`` NORMAL, each over four kinds of wait, all in
+one run:
 
 - ``server``: the loopback server of ``bench_sync.py`` on httpx's own transport;
 - ``none``: a stand-in transport that answers at once (no wait at all);
@@ -24,7 +26,9 @@ The stand-in's answer is the server's (``201``, the same small JSON body). Every
 round makes ``--block`` calls in a row of every candidate, in a seeded shuffled
 order, so drift hits all alike. Each figure is the median over a repeat's calls,
 shown as min/median/max over the repeats (``UNSTABLE`` when they differ by more
-than 30%). ``postonce - floor`` is taken within each repeat.
+than 30%). ``postonce - floor`` is taken within each repeat, and so is its
+split in two: ``schema - floor``, what postonce's schema and statements cost,
+and ``postonce - schema``, what its Python costs on top.
 
 What it tells: ``sleep`` minus ``spin`` is what an idle wait adds to the gap,
 time passing being the same; set beside ``server`` minus ``none``, it says how
@@ -52,11 +56,11 @@ import postonce
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_sync import _RESPONSE_BODY, BODY, measure, pinned_server, print_facts, run_main
-from floor import Floor
+from floor import Floor, SchemaFloor
 from spread import Spread
 
 WAITS = ("none", "spin", "sleep", "server")
-ARMS = ("raw", "floor", "postonce")
+ARMS = ("raw", "floor", "schema", "postonce")
 PHASES = ("before", "wait", "after", "total")
 
 
@@ -181,6 +185,13 @@ def candidates_for(
             def call(floor: Floor = floor) -> Any:
                 return floor.post_once(url, BODY)
 
+        elif arm == "schema":
+            schema = SchemaFloor(workdir / f"schema-{wait}.sqlite3", "NORMAL", http)
+            closing.callback(schema.close)
+
+            def call(schema: SchemaFloor = schema) -> Any:
+                return schema.post_once(url, BODY)
+
         else:
             client = closing.enter_context(
                 postonce.Client(
@@ -233,6 +244,33 @@ def report(candidates: Sequence[Candidate], seconds: float) -> None:
         print(f"{wait:7} {row}   x{ratios[wait].text('.2f')}")
     print(f"(spin and sleep wait {seconds * 1e6:.0f} us in the stand-in transport)")
     print(summary(gaps, ratios))
+    print(
+        "\nthe gap in two, total per call (us, within each repeat): schema - floor is "
+        "postonce's SQL on its schema,\npostonce - schema its Python; then schema/floor and "
+        "postonce/schema"
+    )
+    halves: dict[str, tuple[Spread, Spread]] = {}
+    total = PHASES.index("total")
+    for wait in WAITS:
+        floor, schema, ours = (by[(wait, arm)] for arm in ("floor", "schema", "postonce"))
+        halves[wait] = (ratio(schema, floor), ratio(ours, schema))
+        split_cells = (
+            gap(schema, floor, total).text("+.1f", flag=False),
+            gap(ours, schema, total).text("+.1f", flag=False),
+            "x" + halves[wait][0].text(".2f"),
+            "x" + halves[wait][1].text(".2f"),
+        )
+        print(f"{wait:7} " + " ".join(f"{c:>22}" for c in split_cells))
+    print(halves_summary(halves))
+
+
+def halves_summary(halves: dict[str, tuple[Spread, Spread]]) -> str:
+    """One line: schema/floor and postonce/schema (medians) for each wait."""
+    parts = [
+        f"{w}: schema/floor x{halves[w][0].median:.2f}, postonce/schema x{halves[w][1].median:.2f}"
+        for w in WAITS
+    ]
+    return "SUMMARY halves, " + "; ".join(parts)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

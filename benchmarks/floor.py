@@ -39,16 +39,19 @@ that crosses it, as it does for postonce: the checkpoint tail is counted.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import secrets
 import sqlite3
+import time
 import uuid
 from pathlib import Path
 from typing import Any, Literal
 
 import httpx
 
-__all__ = ["SCHEMA", "Floor", "Synchronous", "open_floor"]
+__all__ = ["SCHEMA", "Floor", "SchemaFloor", "Synchronous", "open_floor"]
 
 Synchronous = Literal["NORMAL", "FULL"]
 
@@ -126,3 +129,118 @@ class Floor:
         if self._answer is not self._ahead:
             self._answer.close()
         self._ahead.close()
+
+
+# -- the floor on postonce's schema ---------------------------------------------------------
+
+#: ``post_once``'s write-ahead, as its SQLite store spells it for a call with no options
+#: (every column bound, as there); ``tests/test_benchmarks.py`` holds the column lists
+#: to what postonce executes.
+SCHEMA_INSERT = (
+    "INSERT INTO intents (reference, key, provider, method, url, headers, body, fingerprint,"
+    " state, created_at, updated_at, first_delivery_at, deadline_at, attempts, lease_owner,"
+    " lease_expires_at, claim_token, sender, origin, meta, fresh)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1)"
+)
+#: ... and its record of a first-try 2xx, fenced by the lease's token.
+SCHEMA_ANSWER = (
+    "UPDATE intents SET state = ?, last_outcome = ?, first_delivery_at = ?, due_at = ?,"
+    " lease_owner = ?, claim_token = ?, updated_at = ?, response_status = ?,"
+    " response_headers = ?, response_body = ?, response_truncated = ?, response_sha256 = ?,"
+    " attempts = 1 WHERE id = ? AND claim_token = ? AND attempts = 0"
+)
+#: ... and the sweep it runs once per ``SCHEMA_SWEEP`` new intents, in one transaction:
+#: the ended intents' leases (none of a first-try 2xx is in the lease index, so it
+#: changes no row), then the tail's rows still sending, then the watermark.
+SCHEMA_SWEEP_ENDED = (
+    "UPDATE intents SET lease_expires_at = NULL WHERE id IN ({marks})"
+    " AND lease_expires_at IS NOT NULL AND fresh IS NULL"
+    " AND state IN ('cancelled', 'expired', 'failed', 'succeeded') AND lease_owner IS NULL"
+)
+SCHEMA_SWEEP_TAIL = (
+    "UPDATE intents SET fresh = NULL WHERE id > coalesce((SELECT upto FROM intents_swept), 0)"
+    " AND fresh IS NOT NULL AND state = 'sending'",
+    "UPDATE intents_swept SET upto = (SELECT coalesce(max(id), 0) FROM intents)"
+    " WHERE upto < (SELECT coalesce(max(id), 0) FROM intents)",
+)
+SCHEMA_SWEEP = 32
+
+
+class SchemaFloor:
+    """The floor's Python doing ``post_once``'s SQL on ``post_once``'s own outbox schema.
+
+    It splits ``post_once``'s cost over the floor in two. ``SchemaFloor / Floor`` is
+    what postonce's schema and statements cost: the columns a drain, a lease, a
+    sender and a settlement need, their indexes and triggers, the request's
+    fingerprint and the answer's digest. ``post_once / SchemaFloor`` is what
+    postonce's Python costs on top: planning, the flow, classification, hooks.
+
+    Each call does the least that fills those columns: a UUIDv4 key (also the
+    reference, as for a call with no ``intent=``), compact JSON on the wire, the
+    SHA-256 of canonical JSON as the fingerprint, a lease token, the write-ahead
+    ``INSERT`` committed with ``synchronous`` as given, the send, then the
+    answer (headers as JSON, body, its SHA-256) committed NORMAL, and the
+    store's sweep every ``SCHEMA_SWEEP`` intents. Not a correct client: the
+    reference, sender and origin are fixed strings, and nothing is checked.
+    """
+
+    def __init__(self, path: Path, synchronous: Synchronous, http: httpx.Client) -> None:
+        import postonce  # only to lay out its schema: nothing of it runs per call
+
+        with postonce.Client(outbox=path) as client:
+            client.outbox  # noqa: B018  # opening the outbox migrates the file
+        self.synchronous = synchronous
+        self.http = http
+        self._ahead = _connect(path, synchronous)
+        self._answer = self._ahead if synchronous == "NORMAL" else _connect(path, "NORMAL")
+        self._ended: list[int] = []
+        self._sweep_ended = SCHEMA_SWEEP_ENDED.format(marks=", ".join("?" * SCHEMA_SWEEP))
+
+    def post_once(self, url: str, body: Any) -> httpx.Response:
+        """POST ``body`` as JSON to ``url``, as ``post_once`` would store and record it."""
+        key = str(uuid.uuid4())
+        content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+        canonical = json.dumps(body, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+        fingerprint = hashlib.sha256(b"POST\n" + canonical.encode()).hexdigest()
+        now, token = time.time(), secrets.token_hex(12)
+        row = self._ahead.execute(
+            SCHEMA_INSERT,
+            (
+                key, key, "ietf_draft", "POST", url, _JSON_HEADERS, content, fingerprint,
+                "sending", now, now, now, None, 0, "owner", now + 15.0, token,
+                "sender", "origin", None,
+            ),
+        ).lastrowid  # fmt: skip
+        if row is None:
+            raise RuntimeError("the write-ahead wrote no row")
+        response = self.http.post(
+            url,
+            content=content,
+            headers={"Content-Type": "application/json", "Idempotency-Key": key},
+        )
+        answer = response.content
+        self._answer.execute(
+            SCHEMA_ANSWER,
+            (
+                "succeeded", "final", now, None, None, None, time.time(),
+                response.status_code, json.dumps(response.headers.multi_items()), answer, 0,
+                hashlib.sha256(answer).hexdigest(), row, token,
+            ),
+        )  # fmt: skip
+        self._ended.append(row)
+        if len(self._ended) >= SCHEMA_SWEEP:
+            self._answer.execute("BEGIN IMMEDIATE")
+            self._answer.execute(self._sweep_ended, self._ended)
+            for statement in SCHEMA_SWEEP_TAIL:
+                self._answer.execute(statement)
+            self._answer.execute("COMMIT")
+            self._ended = []
+        return response
+
+    def close(self) -> None:
+        if self._answer is not self._ahead:
+            self._answer.close()
+        self._ahead.close()
+
+
+_JSON_HEADERS = '[["content-type","application/json"]]'

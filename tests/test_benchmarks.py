@@ -10,6 +10,8 @@ import argparse
 import asyncio
 import math
 import random
+import re
+import sqlite3
 import sys
 from contextlib import ExitStack
 from pathlib import Path
@@ -349,6 +351,21 @@ def test_the_phases_summary_says_what_idling_adds_to_the_gap() -> None:
     )
 
 
+def test_the_halves_summary_splits_the_gap_at_the_schema_floor() -> None:
+    halves = {
+        w: (Spread.of([a, a + 0.02]), Spread.of([b]))
+        for w, a, b in zip(
+            bp.WAITS, (1.16, 1.11, 1.10, 1.08), (1.32, 1.22, 1.20, 1.16), strict=True
+        )
+    }
+    assert bp.halves_summary(halves) == (
+        "SUMMARY halves, none: schema/floor x1.17, postonce/schema x1.32; "
+        "spin: schema/floor x1.12, postonce/schema x1.22; "
+        "sleep: schema/floor x1.11, postonce/schema x1.20; "
+        "server: schema/floor x1.09, postonce/schema x1.16"
+    )
+
+
 def test_each_phase_candidate_has_its_own_marks_and_waits_as_named(tmp_path: Path) -> None:
     """The measuring side of bench_phases, without a server: a round of each stand-in wait.
 
@@ -375,3 +392,58 @@ def test_each_phase_candidate_has_its_own_marks_and_waits_as_named(tmp_path: Pat
         assert len(c.calls) == 2
         if c.wait != "none":
             assert all(call[wait] >= seconds * 1e6 for call in c.calls), (c.wait, c.arm, c.calls)
+
+
+def _statement_shape(sql: str) -> str:
+    """A traced statement with its values blanked: bound and literal values alike."""
+    shape = re.sub(r"[xX]'[0-9a-fA-F]*'", "?", sql)
+    shape = re.sub(r"'(?:[^']|'')*'", "?", shape)
+    shape = re.sub(r"\b\d+(?:\.\d+)?(?:e[+-]?\d+)?\b|\bNULL\b", "?", shape)
+    shape = re.sub(r"\(\?(?:, \?)*\)", "(?)", shape)
+    return " ".join(shape.split())
+
+
+def _writes_traced(conn: sqlite3.Connection, shapes: set[str]) -> None:
+    def trace(sql: str) -> None:
+        if sql.split(None, 1)[0].upper() in {"INSERT", "UPDATE", "DELETE"}:
+            shapes.add(_statement_shape(sql))
+
+    conn.set_trace_callback(trace)
+
+
+def test_the_schema_floor_writes_what_post_once_writes(tmp_path: Path) -> None:
+    """``SchemaFloor`` stands for ``post_once``'s SQL: the same statements, on the same schema.
+
+    Every write statement of 40 first-try 2xx calls (a sweep among them),
+    values blanked, is compared both ways: a column added to postonce's
+    write-ahead, a change of its record or sweep, fails this until the
+    floor's copy follows.
+    """
+    import httpx
+    from floor import SCHEMA_SWEEP, SchemaFloor
+
+    import postonce
+    from postonce._outbox.decide import LEASE_SWEEP
+
+    assert SCHEMA_SWEEP == LEASE_SWEEP  # the sweep comes as often as postonce's
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(201, json={"id": "ch_1"})
+
+    url = "http://127.0.0.1:1/v1/charges"
+    ours: set[str] = set()
+    floors: set[str] = set()
+    with httpx.Client(transport=httpx.MockTransport(answer)) as http:
+        with postonce.Client(outbox=tmp_path / "o.sqlite3", durability="normal", http=http) as c:
+            _writes_traced(c.outbox._conn, ours)  # type: ignore[attr-defined]
+            for n in range(SCHEMA_SWEEP + 8):
+                c.post_once(url, json={"amount": n})
+        floor = SchemaFloor(tmp_path / "f.sqlite3", "NORMAL", http)
+        _writes_traced(floor._ahead, floors)
+        try:
+            for n in range(SCHEMA_SWEEP + 8):
+                assert floor.post_once(url, {"amount": n}).status_code == 201
+        finally:
+            floor.close()
+    assert floors == ours
+    assert len(ours) >= 5, ours  # the write-ahead, the record, the sweep's three
