@@ -14,6 +14,10 @@ all of them alike. ``--repeats`` repeats of ``--rounds`` rounds are measured.
    doing postonce's durable work: the write-ahead commit of the intent with its
    key (``synchronous`` NORMAL or FULL), the raw httpx POST, the answer's
    NORMAL commit before returning.
+   ``schema NORMAL`` / ``schema FULL``: ``floor.SchemaFloor``, the same least
+   Python running postonce's own statements on postonce's own schema. It splits
+   ``postonce / floor`` in two: ``schema / floor`` is what postonce's schema and
+   SQL cost, ``postonce / schema`` what its Python costs on top.
 3. ``postonce NORMAL`` / ``postonce FULL``:
    ``postonce.Client(durability=...).post_once(url, json=body)``, a new intent
    per call.
@@ -83,7 +87,7 @@ import httpx
 import postonce
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from floor import Floor
+from floor import Floor, SchemaFloor, Synchronous
 from spread import Spread, percentile, verdict
 
 BODY: dict[str, object] = {
@@ -287,8 +291,8 @@ def raw_candidate(http: httpx.Client, url: str) -> Candidate:
     return Candidate("raw httpx", call)
 
 
-def floor_candidate(floor: Floor, url: str) -> Candidate:
-    label = f"floor {floor.synchronous}"
+def floor_candidate(floor: Floor | SchemaFloor, url: str, kind: str = "floor") -> Candidate:
+    label = f"{kind} {floor.synchronous}"
 
     def call() -> None:
         _check(floor.post_once(url, BODY), label)
@@ -538,7 +542,10 @@ FLOOR_OF = {
     "postonce NORMAL": "floor NORMAL",
     "postonce FULL": "floor FULL",
     "floor FULL": "floor NORMAL",
+    "schema NORMAL": "floor NORMAL",
+    "schema FULL": "floor FULL",
 }
+LEVELS: tuple[Synchronous, ...] = ("NORMAL", "FULL")
 FLOOR_TARGET = 1.10  # issue 18: post_once within 1.10x of the floor
 TAIL_TARGET = 2.0  # issue 18: p99(postonce NORMAL) <= 2x p99(raw)
 
@@ -611,6 +618,18 @@ def report(candidates: Sequence[Candidate]) -> None:
             f"{level}: postonce/floor p50 x{p50.median:.2f} p99 x{p99.median:.2f}"
             f" floor/raw p50 x{floor_raw.median:.2f}"
         )
+        schema = by_name[f"schema {level}"]
+        schema_floor = _ratio_spread(schema, floor, _p50)
+        ours_schema = _ratio_spread(ours, schema, _p50)
+        print(
+            f"    in two: schema {level} / floor {level} p50 {schema_floor.text('.2f')} "
+            f"(postonce's schema and SQL), postonce {level} / schema {level} p50 "
+            f"{ours_schema.text('.2f')} (its Python)"
+        )
+        summary.append(
+            f"{level}: schema/floor p50 x{schema_floor.median:.2f}"
+            f" postonce/schema p50 x{ours_schema.median:.2f}"
+        )
     normal = by_name["postonce NORMAL"]
     tail = _ratio_spread(normal, by_name["raw httpx"], _p99)
     print(
@@ -653,11 +672,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         def http() -> httpx.Client:
             return closing.enter_context(httpx.Client())
 
-        floors = []
-        for level in ("NORMAL", "FULL"):
-            floor = Floor(workdir / f"floor-{level.lower()}.sqlite3", level, http())
-            closing.callback(floor.close)
-            floors.append(floor)
+        floors: list[Candidate] = []
+        for kind, made in (("floor", Floor), ("schema", SchemaFloor)):
+            for level in LEVELS:
+                floor = made(workdir / f"{kind}-{level.lower()}.sqlite3", level, http())
+                closing.callback(floor.close)
+                floors.append(floor_candidate(floor, server.url, kind))
         full = closing.enter_context(
             postonce.Client(outbox=workdir / "outbox-full.sqlite3", durability="full")
         )
@@ -669,7 +689,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         candidates = [
             raw_candidate(http(), server.url),
-            *(floor_candidate(floor, server.url) for floor in floors),
+            *floors,
             postonce_candidate(normal, server.url, "postonce NORMAL"),
             postonce_candidate(full, server.url, "postonce FULL"),
             commit_candidate(conn),
