@@ -21,7 +21,10 @@ start-up (imports, schema) cancelled out. Arms:
 
 * ``raw``: ``httpx.Client.post(url, json=body, headers={"Idempotency-Key": uuid4})``;
 * ``floor``: ``benchmarks/floor.py`` with ``synchronous=NORMAL``;
-* ``postonce``: ``postonce.Client(durability="normal").post_once(url, json=body)``.
+* ``postonce``: ``postonce.Client(durability="normal").post_once(url, json=body)``;
+* ``schema`` (only if asked for, ``--arms raw,floor,schema,postonce``):
+  ``floor.SchemaFloor`` NORMAL, the floor's Python running postonce's own
+  statements on its schema; the SUMMARY then splits ``postonce - floor`` at it.
 
 With ``--drain`` the arms are a drain's instead, per drained intent, on a
 PostgreSQL outbox (``--pg``; a fresh schema per run, filled with N due intents
@@ -84,6 +87,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_sync import BODY, run_main, start_server
 
 ARMS = ("raw", "floor", "postonce")
+#: Arms counted only when ``--arms`` names them (never with ``--drain``).
+EXTRA_ARMS = ("schema",)
 MEASURES = ("instructions", "misses", "syscalls")
 #: The simulated misses the SUMMARY sets postonce against the floor in: callgrind's events.
 MISS_GROUPS = {"I1": ("I1mr",), "D1": ("D1mr", "D1mw"), "mispredicted": ("Bcm", "Bim")}
@@ -99,6 +104,11 @@ def _arm_call(arm: str, url: str, workdir: Path) -> Callable[[], object]:
 
         floor = Floor(workdir / "floor.sqlite3", "NORMAL", httpx.Client())
         return lambda: floor.post_once(url, BODY)
+    if arm == "schema":
+        from floor import SchemaFloor
+
+        schema = SchemaFloor(workdir / "schema.sqlite3", "NORMAL", httpx.Client())
+        return lambda: schema.post_once(url, BODY)
     import postonce
 
     client = postonce.Client(outbox=workdir / "outbox.sqlite3", durability="normal")
@@ -323,6 +333,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{tool} is not installed: nothing to count")
         return 1
     arms = [arm for arm in args.arms.split(",") if arm]
+    known = ARMS if args.drain else (*ARMS, *EXTRA_ARMS)
+    if not arms or not set(arms) <= set(known):
+        print(f"--arms takes a comma-separated subset of {', '.join(known)}: {args.arms!r}")
+        return 2
     server = start_server(None)
     try:
         print(f"python: {sys.version.split()[0]}  httpx: {httpx.__version__}  server: {server.url}")
@@ -386,6 +400,9 @@ def summary(
         parts.append(f"postonce/floor x{ours / floor:.2f}")
     if ours is not None and raw and floor:
         parts.append(f"postonce - floor {(ours - floor) / scale:.{1 if syscalls else 0}f}{suffix}")
+    schema = per_arm.get("schema")
+    if ours is not None and floor and schema:
+        parts.append(f"schema/floor x{schema / floor:.2f}, postonce/schema x{ours / schema:.2f}")
     what = "syscalls" if syscalls else "instructions"
     line = f"SUMMARY {what} per {unit}{' (drain)' if drain else ''}: " + ", ".join(parts)
     floor_missed, ours_missed = ((missed or {}).get(arm) for arm in ARMS[1:])

@@ -278,6 +278,38 @@ def test_the_summary_line_sets_postonce_against_raw_and_floor() -> None:
     )
 
 
+def test_the_summary_splits_the_gap_at_the_schema_floor_when_it_was_counted() -> None:
+    figures = {"raw": 1_700_000.0, "floor": 1_800_000.0, "schema": 1_890_000.0}
+    figures["postonce"] = 2_268_000.0
+    assert bi.summary(figures, "instructions", "call", drain=False) == (
+        "SUMMARY instructions per call: raw 1700.0k, floor 1800.0k, schema 1890.0k, "
+        "postonce 2268.0k, postonce/raw x1.33, postonce/floor x1.26, postonce - floor 468k, "
+        "schema/floor x1.05, postonce/schema x1.20"
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "known"),
+    [
+        (["--arms", "floor,fool"], "raw, floor, postonce, schema"),
+        (["--arms", ","], "raw, floor, postonce, schema"),
+        (["--drain", "--arms", "raw,schema"], "raw, floor, postonce:"),
+    ],
+)
+def test_an_arm_not_known_is_refused_not_counted_as_postonce(
+    argv: list[str], known: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before: any name but raw and floor ran postonce's arm under that name.
+    monkeypatch.setattr(bi, "start_server", _no_server)
+    monkeypatch.setattr("shutil.which", lambda tool: f"/usr/bin/{tool}")
+    assert bi.main(argv) == 2
+    assert f"--arms takes a comma-separated subset of {known}" in capsys.readouterr().out
+
+
+def _no_server(parent: object) -> None:
+    raise AssertionError("an arm not known must be refused before a server starts")
+
+
 def test_the_misses_summary_sets_postonce_misses_against_the_floors() -> None:
     figures = {"raw": 1_727_600.0, "floor": 1_795_500.0, "postonce": 2_127_400.0}
     # Per-call figures by callgrind's event names, as per_call gives them (one seed),
