@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/bench_phases.py           # 3 repeats x 200 rounds, ~30 s
+    .venv/bin/python benchmarks/bench_phases.py           # 3 repeats x 200 rounds, ~1 min
 
 Target 1 of issue 18 is a wall-clock ratio, and it comes out wider than the
 instruction count (``bench_instructions.py``) says. This script splits each
