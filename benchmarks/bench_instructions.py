@@ -328,15 +328,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         drain_child(arm, outbox, url, int(concurrency), int(count))
         return 0
     args = parse_args(argv)
+    arms = [arm for arm in args.arms.split(",") if arm]
+    known = ARMS if args.drain else (*ARMS, *EXTRA_ARMS)
+    if not arms or not set(arms) <= set(known) or len(set(arms)) < len(arms):
+        print(f"--arms takes a comma-separated subset of {', '.join(known)}: {args.arms!r}")
+        return 2
     tool = "strace" if args.measure == "syscalls" else "valgrind"
     if shutil.which(tool) is None:
         print(f"{tool} is not installed: nothing to count")
         return 1
-    arms = [arm for arm in args.arms.split(",") if arm]
-    known = ARMS if args.drain else (*ARMS, *EXTRA_ARMS)
-    if not arms or not set(arms) <= set(known):
-        print(f"--arms takes a comma-separated subset of {', '.join(known)}: {args.arms!r}")
-        return 2
     server = start_server(None)
     try:
         print(f"python: {sys.version.split()[0]}  httpx: {httpx.__version__}  server: {server.url}")

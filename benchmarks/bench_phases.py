@@ -245,10 +245,11 @@ def report(candidates: Sequence[Candidate], seconds: float) -> None:
     print(f"(spin and sleep wait {seconds * 1e6:.0f} us in the stand-in transport)")
     print(summary(gaps, ratios))
     print(
-        "\nthe gap in two, total per call (us, within each repeat): schema - floor is "
-        "postonce's SQL on its schema,\npostonce - schema its Python; then schema/floor and "
-        "postonce/schema"
+        "\nthe gap in two, total per call (us, and ratios, within each repeat): schema - floor "
+        "is postonce's\nstatements on its schema, postonce - schema the rest of postonce"
     )
+    heads = ("schema - floor", "postonce - schema", "schema/floor", "postonce/schema")
+    print(f"{'wait':7} " + " ".join(f"{h:>22}" for h in heads))
     halves: dict[str, tuple[Spread, Spread]] = {}
     total = PHASES.index("total")
     for wait in WAITS:

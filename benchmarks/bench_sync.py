@@ -623,8 +623,8 @@ def report(candidates: Sequence[Candidate]) -> None:
         ours_schema = _ratio_spread(ours, schema, _p50)
         print(
             f"    in two: schema {level} / floor {level} p50 {schema_floor.text('.2f')} "
-            f"(postonce's schema and SQL), postonce {level} / schema {level} p50 "
-            f"{ours_schema.text('.2f')} (its Python)"
+            f"(postonce's statements on its schema), postonce {level} / schema {level} p50 "
+            f"{ours_schema.text('.2f')} (the rest of postonce)"
         )
         summary.append(
             f"{level}: schema/floor p50 x{schema_floor.median:.2f}"

@@ -170,45 +170,61 @@ class SchemaFloor:
     """The floor's Python doing ``post_once``'s SQL on ``post_once``'s own outbox schema.
 
     It splits ``post_once``'s cost over the floor in two. ``SchemaFloor / Floor`` is
-    what postonce's schema and statements cost: the columns a drain, a lease, a
-    sender and a settlement need, their indexes and triggers, the request's
-    fingerprint and the answer's digest. ``post_once / SchemaFloor`` is what
-    postonce's Python costs on top: planning, the flow, classification, hooks.
+    what postonce's stored row costs: the columns a drain, a lease, a sender and a
+    settlement need, their indexes and triggers, and the values they hold (the
+    request's fingerprint, the answer's digest). ``post_once / SchemaFloor`` is
+    what the rest of postonce costs on top: planning, the flow, classification,
+    hooks, and the store's Python around its statements.
 
     Each call does the least that fills those columns: a UUIDv4 key (also the
-    reference, as for a call with no ``intent=``), compact JSON on the wire, the
-    SHA-256 of canonical JSON as the fingerprint, a lease token, the write-ahead
-    ``INSERT`` committed with ``synchronous`` as given, the send, then the
-    answer (headers as JSON, body, its SHA-256) committed NORMAL, and the
-    store's sweep every ``SCHEMA_SWEEP`` intents. Not a correct client: the
-    reference, sender and origin are fixed strings, and nothing is checked.
+    reference, as for a call with no ``intent=``) and compact JSON, as the floor
+    makes them; the SHA-256 of canonical JSON as the fingerprint and a lease
+    token; the write-ahead ``INSERT``; the send; the answer's ``UPDATE`` (its
+    headers, less the transport's, as JSON, its body and SHA-256), fenced by the
+    token; and the store's sweep once per ``SCHEMA_SWEEP`` ended intents. The
+    values have the lengths postonce's have: its lease owner and sender string
+    (read once from a client on the same file), and the URL's origin.
+
+    Its writes go through one connection as the store's do, ``synchronous``
+    switched as the store switches it: with ``FULL``, to ``FULL`` before the
+    write-ahead and back to ``NORMAL`` before the answer (two ``PRAGMA``
+    statements a call), never with ``NORMAL``. Not a correct client: nothing is
+    checked but that each statement wrote its row.
     """
 
     def __init__(self, path: Path, synchronous: Synchronous, http: httpx.Client) -> None:
-        import postonce  # only to lay out its schema: nothing of it runs per call
+        import postonce  # to lay out its schema and read its identities: nothing per call
 
         with postonce.Client(outbox=path) as client:
             client.outbox  # noqa: B018  # opening the outbox migrates the file
+            self._owner, self._sender = client.owner, client.sender
         self.synchronous = synchronous
         self.http = http
-        self._ahead = _connect(path, synchronous)
-        self._answer = self._ahead if synchronous == "NORMAL" else _connect(path, "NORMAL")
+        self._conn = _connect(path, "NORMAL")
+        self._sync: str = "NORMAL"
+        self._origins: dict[str, str] = {}
         self._ended: list[int] = []
         self._sweep_ended = SCHEMA_SWEEP_ENDED.format(marks=", ".join("?" * SCHEMA_SWEEP))
+
+    def _synced(self, wanted: str) -> sqlite3.Connection:
+        if wanted != self._sync:
+            self._conn.execute(f"PRAGMA synchronous = {wanted}")
+            self._sync = wanted
+        return self._conn
 
     def post_once(self, url: str, body: Any) -> httpx.Response:
         """POST ``body`` as JSON to ``url``, as ``post_once`` would store and record it."""
         key = str(uuid.uuid4())
         content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
-        canonical = json.dumps(body, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
-        fingerprint = hashlib.sha256(b"POST\n" + canonical.encode()).hexdigest()
+        fingerprint = hashlib.sha256(_FINGERPRINTED + _CANONICAL.encode(body).encode()).hexdigest()
         now, token = time.time(), secrets.token_hex(12)
-        row = self._ahead.execute(
+        origin = self._origins.get(url) or self._origin(url)
+        row = self._synced(self.synchronous).execute(
             SCHEMA_INSERT,
             (
                 key, key, "ietf_draft", "POST", url, _JSON_HEADERS, content, fingerprint,
-                "sending", now, now, now, None, 0, "owner", now + 15.0, token,
-                "sender", "origin", None,
+                "sending", now, now, now, None, 0, self._owner, now + 15.0, token,
+                self._sender, origin, None,
             ),
         ).lastrowid  # fmt: skip
         if row is None:
@@ -219,28 +235,45 @@ class SchemaFloor:
             headers={"Content-Type": "application/json", "Idempotency-Key": key},
         )
         answer = response.content
-        self._answer.execute(
+        kept = [[n, v] for n, v in response.headers.multi_items() if n not in _NOT_KEPT]
+        recorded = self._synced("NORMAL").execute(
             SCHEMA_ANSWER,
             (
                 "succeeded", "final", now, None, None, None, time.time(),
-                response.status_code, json.dumps(response.headers.multi_items()), answer, 0,
+                response.status_code, _COMPACT.encode(kept), answer, 0,
                 hashlib.sha256(answer).hexdigest(), row, token,
             ),
         )  # fmt: skip
+        if recorded.rowcount != 1:
+            raise RuntimeError("the answer's record matched no row")
         self._ended.append(row)
         if len(self._ended) >= SCHEMA_SWEEP:
-            self._answer.execute("BEGIN IMMEDIATE")
-            self._answer.execute(self._sweep_ended, self._ended)
+            self._conn.execute("BEGIN IMMEDIATE")
+            self._conn.execute(self._sweep_ended, self._ended)
             for statement in SCHEMA_SWEEP_TAIL:
-                self._answer.execute(statement)
-            self._answer.execute("COMMIT")
+                self._conn.execute(statement)
+            self._conn.execute("COMMIT")
             self._ended = []
         return response
 
+    def _origin(self, url: str) -> str:
+        parsed = httpx.URL(url)
+        origin = f"{parsed.scheme}://{parsed.host}" + (f":{parsed.port}" if parsed.port else "")
+        self._origins[url] = origin
+        return origin
+
     def close(self) -> None:
-        if self._answer is not self._ahead:
-            self._answer.close()
-        self._ahead.close()
+        self._conn.close()
 
 
 _JSON_HEADERS = '[["content-type","application/json"]]'
+#: Made once, as postonce's are (``json.dumps`` with options makes an encoder a call).
+_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, ensure_ascii=False, separators=(",", ":"), allow_nan=False
+)
+_FINGERPRINTED = b"POST\n/v1/charges\njson\n"
+#: The answer's headers the outbox does not keep (httpx gives names in lower case).
+_NOT_KEPT = frozenset(
+    {"content-encoding", "content-length", "transfer-encoding", "set-cookie", "connection"}
+)
