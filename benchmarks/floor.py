@@ -134,8 +134,8 @@ class Floor:
 # -- the floor on postonce's schema ---------------------------------------------------------
 
 #: ``post_once``'s write-ahead, as its SQLite store spells it for a call with no options
-#: (every column bound, as there); ``tests/test_benchmarks.py`` holds the column lists
-#: to what postonce executes.
+#: (every column bound, as there). ``tests/test_benchmarks.py`` holds every statement
+#: here, and the rows they leave, to what postonce executes.
 SCHEMA_INSERT = (
     "INSERT INTO intents (reference, key, provider, method, url, headers, body, fingerprint,"
     " state, created_at, updated_at, first_delivery_at, deadline_at, attempts, lease_owner,"
@@ -272,6 +272,8 @@ _COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan
 _CANONICAL = json.JSONEncoder(
     sort_keys=True, ensure_ascii=False, separators=(",", ":"), allow_nan=False
 )
+#: What postonce hashes before the body (method, target, kind), for the benchmarks'
+#: one target: the cost is the hashing, whatever the path.
 _FINGERPRINTED = b"POST\n/v1/charges\njson\n"
 #: The answer's headers the outbox does not keep (httpx gives names in lower case).
 _NOT_KEPT = frozenset(
