@@ -24,7 +24,11 @@ connections), each run in its own ``asyncio.run``.
 
 Both talk to the loopback server of ``bench_sync.py`` (a raw asyncio HTTP/1.1
 server in its own process, pinned to the second CPU). Prints medians of the
-repeats in intents per second and the drain/raw ratio. Asserts nothing.
+repeats in intents per second and the drain/raw ratio, and each arm's client
+CPU per intent (user + system time of this process, all its threads; not the
+HTTP server's or PostgreSQL's) beside its wall time per intent: an arm whose CPU
+is near its wall time is bound by the client's one interpreter, and its ratio
+follows the work it does per intent. Asserts nothing.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import asyncio
 import hashlib
 import json
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -41,9 +46,10 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -56,6 +62,36 @@ from drain_floor import drain_floor
 from spread import Spread
 
 BODY = json.dumps({"amount": 1250, "currency": "eur", "customer": "cus_1"}).encode()
+
+
+def client_cpu() -> float:
+    """Seconds of CPU this process has used so far, user and system, all its threads."""
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    return used.ru_utime + used.ru_stime
+
+
+def with_cpu(timer: Callable[..., float], *args: Any) -> tuple[float, float]:
+    """``timer(*args)``'s rate, and the client CPU it used per intent in microseconds.
+
+    ``args`` end with the count of intents, as every timer's here do.
+    """
+    before = client_cpu()
+    rate = timer(*args)
+    return rate, (client_cpu() - before) / args[-1] * 1e6
+
+
+def cpu_line(rates: dict[str, list[float]], cpu: dict[str, list[float]]) -> str:
+    """Each arm's client CPU per intent beside its wall time per intent (medians, µs).
+
+    The wall time is the median rate's inverse; "busy" is CPU over wall, the
+    share of the run the client's interpreter was working.
+    """
+    parts = []
+    for arm, used in cpu.items():
+        wall = 1e6 / statistics.median(rates[arm])
+        spent = statistics.median(used)
+        parts.append(f"{arm} {spent:.0f} of {wall:.0f} (busy {spent / wall:.0%})")
+    return "client CPU per intent, us of wall: " + "   ".join(parts)
 
 
 def open_call(
@@ -312,13 +348,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         for concurrency in levels:
             arms = ["drain", "raw"] + (["floor"] if args.shell == "sync" else [])
             runs: dict[str, list[float]] = {arm: [] for arm in arms}
+            cpu: dict[str, list[float]] = {arm: [] for arm in arms}
             for repeat in range(args.repeats):
                 order = list(arms)
                 rng.shuffle(order)
                 for name in order:
                     if name == "raw":
                         raw_timer = time_raw if args.shell == "sync" else time_raw_async
-                        runs[name].append(raw_timer(server.url, concurrency, args.intents))
+                        rate, used = with_cpu(raw_timer, server.url, concurrency, args.intents)
+                        runs[name].append(rate)
+                        cpu[name].append(used)
                         continue
                     path: Path | str = (
                         workdir / f"{name}-c{concurrency}-r{repeat}.sqlite3"
@@ -330,7 +369,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     if args.shell == "async":
                         timer = time_drain_async
                     try:
-                        runs[name].append(timer(path, server.url, concurrency, args.intents))
+                        rate, used = with_cpu(timer, path, server.url, concurrency, args.intents)
+                        runs[name].append(rate)
+                        cpu[name].append(used)
                     finally:
                         if args.backend == "postgres":
                             drop_postgres(str(path))
@@ -355,6 +396,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "               min/median/max: "
                 + "   ".join(f"{arm} {Spread.of(values).text()}" for arm, values in runs.items())
             )
+            print(f"               {cpu_line(runs, cpu)}")
 
         def against(r: dict[str, list[float]]) -> str:
             drain = statistics.median(r["drain"])

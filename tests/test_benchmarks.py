@@ -13,6 +13,7 @@ import math
 import random
 import sqlite3
 import sys
+import threading
 from collections import Counter
 from collections.abc import Sequence
 from contextlib import ExitStack
@@ -25,6 +26,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import async_throughput as at
+import bench_drain as bd
 import bench_instructions as bi
 import bench_phases as bp
 from spread import Spread
@@ -266,6 +268,46 @@ def test_an_arm_is_described_by_its_median_over_seeds_with_its_spread() -> None:
         "floor          33.0 syscalls per intent",
         "           by name: fcntl 12.0, poll 5.0",  # most first; under 0.05 a call left out
     ]
+
+
+def test_a_drain_arm_is_charged_the_client_cpu_its_run_used_per_intent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The CPU read before and after the run, over the intents (the timer's last argument)."""
+    readings = iter([10.0, 10.6])
+    monkeypatch.setattr(bd, "client_cpu", lambda: next(readings))
+    called: list[tuple[object, ...]] = []
+
+    def timer(*args: object) -> float:
+        called.append(args)
+        return 1_500.0
+
+    rate, used = bd.with_cpu(timer, "outbox", "http://127.0.0.1:1/v1/charges", 4, 3_000)
+    assert called == [("outbox", "http://127.0.0.1:1/v1/charges", 4, 3_000)]
+    assert rate == 1_500.0
+    assert used == pytest.approx(200.0)  # 0.6 s over 3,000 intents
+
+
+def test_the_client_cpu_of_a_run_is_this_process_s_own() -> None:
+    """A run that computes is charged more CPU than one that sleeps (no threshold on either)."""
+
+    def computes(count: int) -> float:
+        sum(i * i for i in range(200_000))
+        return float(count)
+
+    def sleeps(count: int) -> float:
+        threading.Event().wait(0.05)
+        return float(count)
+
+    assert bd.with_cpu(computes, 10)[1] > bd.with_cpu(sleeps, 10)[1]
+
+
+def test_the_drain_cpu_line_sets_each_arm_s_cpu_beside_its_wall_time() -> None:
+    rates = {"drain": [1_600.0, 1_650.0, 1_700.0], "raw": [2_500.0, 2_900.0, 2_800.0]}
+    cpu = {"drain": [540.0, 530.0, 560.0], "raw": [350.0, 300.0, 360.0]}
+    assert bd.cpu_line(rates, cpu) == (
+        "client CPU per intent, us of wall: drain 540 of 606 (busy 89%)   raw 350 of 357 (busy 98%)"
+    )
 
 
 def test_the_summary_line_sets_postonce_against_raw_and_floor() -> None:
