@@ -49,7 +49,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 
@@ -64,33 +64,55 @@ from spread import Spread
 BODY = json.dumps({"amount": 1250, "currency": "eur", "customer": "cus_1"}).encode()
 
 
-def client_cpu() -> float:
-    """Seconds of CPU this process has used so far, user and system, all its threads."""
+class Used(NamedTuple):
+    """What the client process spent on a run, per intent."""
+
+    cpu_us: float  # user + system CPU, every thread of this process
+    waits: float  # voluntary context switches: a thread blocked (a socket, a lock, the GIL)
+    preempted: float  # involuntary ones: a thread taken off the CPU while it could run
+
+
+def client_usage() -> tuple[float, int, int]:
+    """This process's CPU seconds (user and system, all threads) and context switches so far."""
     used = resource.getrusage(resource.RUSAGE_SELF)
-    return used.ru_utime + used.ru_stime
+    return used.ru_utime + used.ru_stime, used.ru_nvcsw, used.ru_nivcsw
 
 
-def with_cpu(timer: Callable[..., float], *args: Any) -> tuple[float, float]:
-    """``timer(*args)``'s rate, and the client CPU it used per intent in microseconds.
+def with_cpu(timer: Callable[..., float], *args: Any) -> tuple[float, Used]:
+    """``timer(*args)``'s rate, and what the client spent on it per intent.
 
     ``args`` end with the count of intents, as every timer's here do.
     """
-    before = client_cpu()
+    before = client_usage()
     rate = timer(*args)
-    return rate, (client_cpu() - before) / args[-1] * 1e6
+    after = client_usage()
+    count = args[-1]
+    return rate, Used(
+        (after[0] - before[0]) / count * 1e6,
+        (after[1] - before[1]) / count,
+        (after[2] - before[2]) / count,
+    )
 
 
-def cpu_line(rates: dict[str, list[float]], cpu: dict[str, list[float]]) -> str:
-    """Each arm's client CPU per intent beside its wall time per intent (medians, µs).
+def cpu_line(rates: dict[str, list[float]], used: dict[str, list[Used]]) -> str:
+    """Each arm's client CPU per intent beside its wall time per intent, and its switches.
 
-    The wall time is the median rate's inverse; "busy" is CPU over wall, the
-    share of the run the client's interpreter was working.
+    Medians over the repeats. The wall time is the median rate's inverse;
+    "busy" is CPU over wall, the share of the run the client's interpreter was
+    working (each a median of its own, so it can pass 100%). The client is
+    pinned to one CPU: a thread preempted there gave the CPU to another of its
+    threads or to a process woken beside it (a PostgreSQL backend, say).
     """
     parts = []
-    for arm, used in cpu.items():
+    for arm, runs in used.items():
         wall = 1e6 / statistics.median(rates[arm])
-        spent = statistics.median(used)
-        parts.append(f"{arm} {spent:.0f} of {wall:.0f} (busy {spent / wall:.0%})")
+        spent = statistics.median(run.cpu_us for run in runs)
+        waits = statistics.median(run.waits for run in runs)
+        preempted = statistics.median(run.preempted for run in runs)
+        parts.append(
+            f"{arm} {spent:.0f} of {wall:.0f} (busy {spent / wall:.0%}, "
+            f"switches {waits:.1f} waiting + {preempted:.1f} preempted)"
+        )
     return "client CPU per intent, us of wall: " + "   ".join(parts)
 
 
@@ -348,7 +370,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for concurrency in levels:
             arms = ["drain", "raw"] + (["floor"] if args.shell == "sync" else [])
             runs: dict[str, list[float]] = {arm: [] for arm in arms}
-            cpu: dict[str, list[float]] = {arm: [] for arm in arms}
+            cpu: dict[str, list[Used]] = {arm: [] for arm in arms}
             for repeat in range(args.repeats):
                 order = list(arms)
                 rng.shuffle(order)

@@ -270,12 +270,12 @@ def test_an_arm_is_described_by_its_median_over_seeds_with_its_spread() -> None:
     ]
 
 
-def test_a_drain_arm_is_charged_the_client_cpu_its_run_used_per_intent(
+def test_a_drain_arm_is_charged_what_its_run_used_per_intent(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The CPU read before and after the run, over the intents (the timer's last argument)."""
-    readings = iter([10.0, 10.6])
-    monkeypatch.setattr(bd, "client_cpu", lambda: next(readings))
+    """CPU and switches read before and after the run, over the intents (the last argument)."""
+    readings = iter([(10.0, 100, 7), (10.6, 4_600, 3_007)])
+    monkeypatch.setattr(bd, "client_usage", lambda: next(readings))
     called: list[tuple[object, ...]] = []
 
     def timer(*args: object) -> float:
@@ -285,7 +285,8 @@ def test_a_drain_arm_is_charged_the_client_cpu_its_run_used_per_intent(
     rate, used = bd.with_cpu(timer, "outbox", "http://127.0.0.1:1/v1/charges", 4, 3_000)
     assert called == [("outbox", "http://127.0.0.1:1/v1/charges", 4, 3_000)]
     assert rate == 1_500.0
-    assert used == pytest.approx(200.0)  # 0.6 s over 3,000 intents
+    assert used.cpu_us == pytest.approx(200.0)  # 0.6 s over 3,000 intents
+    assert (used.waits, used.preempted) == (1.5, 1.0)
 
 
 def test_the_client_cpu_of_a_run_is_this_process_s_own() -> None:
@@ -299,14 +300,19 @@ def test_the_client_cpu_of_a_run_is_this_process_s_own() -> None:
         threading.Event().wait(0.05)
         return float(count)
 
-    assert bd.with_cpu(computes, 10)[1] > bd.with_cpu(sleeps, 10)[1]
+    assert bd.with_cpu(computes, 10)[1].cpu_us > bd.with_cpu(sleeps, 10)[1].cpu_us
 
 
 def test_the_drain_cpu_line_sets_each_arm_s_cpu_beside_its_wall_time() -> None:
     rates = {"drain": [1_600.0, 1_650.0, 1_700.0], "raw": [2_500.0, 2_900.0, 2_800.0]}
-    cpu = {"drain": [540.0, 530.0, 560.0], "raw": [350.0, 300.0, 360.0]}
-    assert bd.cpu_line(rates, cpu) == (
-        "client CPU per intent, us of wall: drain 540 of 606 (busy 89%)   raw 350 of 357 (busy 98%)"
+    used = {
+        "drain": [bd.Used(540.0, 4.0, 3.0), bd.Used(530.0, 5.0, 2.0), bd.Used(560.0, 6.0, 9.0)],
+        "raw": [bd.Used(350.0, 1.0, 0.0), bd.Used(300.0, 0.8, 0.2), bd.Used(360.0, 0.9, 0.0)],
+    }
+    assert bd.cpu_line(rates, used) == (
+        "client CPU per intent, us of wall: "
+        "drain 540 of 606 (busy 89%, switches 5.0 waiting + 3.0 preempted)   "
+        "raw 350 of 357 (busy 98%, switches 0.9 waiting + 0.0 preempted)"
     )
 
 
