@@ -306,7 +306,7 @@ def test_the_client_cpu_of_a_run_is_this_process_s_own() -> None:
 def test_the_drain_cpu_line_sets_each_arm_s_cpu_beside_its_wall_time() -> None:
     rates = {"drain": [1_600.0, 1_650.0, 1_700.0], "raw": [2_500.0, 2_900.0, 2_800.0]}
     used = {
-        "drain": [bd.Used(540.0, 4.0, 3.0), bd.Used(530.0, 5.0, 2.0), bd.Used(560.0, 6.0, 9.0)],
+        "drain": [bd.Used(540.0, 4.0, 3.0), bd.Used(530.0, 5.0, 2.0), bd.Used(560.0, 12.0, 9.0)],
         "raw": [bd.Used(350.0, 1.0, 0.0), bd.Used(300.0, 0.8, 0.2), bd.Used(360.0, 0.9, 0.0)],
     }
     assert bd.cpu_line(rates, used) == (
