@@ -49,7 +49,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import httpx
 
@@ -78,20 +78,48 @@ def client_usage() -> tuple[float, int, int]:
     return used.ru_utime + used.ru_stime, used.ru_nvcsw, used.ru_nivcsw
 
 
-def with_cpu(timer: Callable[..., float], *args: Any) -> tuple[float, Used]:
-    """``timer(*args)``'s rate, and what the client spent on it per intent.
+class Timed:
+    """One timed run: its wall time, and what the client spent over the very same span.
 
-    ``args`` end with the count of intents, as every timer's here do.
+    Entered where a timer starts its clock and left where it stops it, so an
+    arm is charged neither for building or closing its client nor for opening
+    its outbox, none of which its wall time holds.
     """
-    before = client_usage()
-    rate = timer(*args)
-    after = client_usage()
-    count = args[-1]
-    return rate, Used(
-        (after[0] - before[0]) / count * 1e6,
-        (after[1] - before[1]) / count,
-        (after[2] - before[2]) / count,
-    )
+
+    def __init__(
+        self,
+        count: int,
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+        usage: Callable[[], tuple[float, int, int]] | None = None,
+    ) -> None:
+        self.count = count
+        self._clock = clock
+        self._usage = usage  # None: client_usage, looked up when read
+        self.elapsed = 0.0
+        self.used = Used(0.0, 0.0, 0.0)
+
+    def _read(self) -> tuple[float, int, int]:
+        return (self._usage or client_usage)()
+
+    def __enter__(self) -> Timed:
+        self._before = self._read()
+        self._started = self._clock()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.elapsed = self._clock() - self._started
+        after = self._read()
+        self.used = Used(
+            (after[0] - self._before[0]) / self.count * 1e6,
+            (after[1] - self._before[1]) / self.count,
+            (after[2] - self._before[2]) / self.count,
+        )
+
+    @property
+    def rate(self) -> float:
+        """Intents (or requests) per second."""
+        return self.count / self.elapsed
 
 
 def cpu_line(rates: dict[str, list[float]], used: dict[str, list[Used]]) -> str:
@@ -213,29 +241,26 @@ def adopt(path: Path | str, url: str) -> None:
         client.outbox  # noqa: B018 (opening the outbox adopts the intents of no sender)
 
 
-def time_drain(path: Path | str, url: str, concurrency: int, count: int) -> float:
+def time_drain(path: Path | str, url: str, concurrency: int, count: int) -> Timed:
     with postonce.Client(outbox=path, durability="full", base_url=origin_of(url)) as client:
         client.outbox  # noqa: B018 (opened and adopted before the clock starts, as raw's pool)
-        started = time.perf_counter()
-        report = client.drain(concurrency=concurrency)
-        elapsed = time.perf_counter() - started
+        with Timed(count) as timed:
+            report = client.drain(concurrency=concurrency)
     if report.succeeded != count:
         raise RuntimeError(f"drain finished {report.succeeded} of {count}: {report}")
-    return count / elapsed
+    return timed
 
 
-def time_floor(path: Path | str, url: str, concurrency: int, count: int) -> float:
+def time_floor(path: Path | str, url: str, concurrency: int, count: int) -> Timed:
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    with httpx.Client(limits=limits) as http:
-        started = time.perf_counter()
+    with httpx.Client(limits=limits) as http, Timed(count) as timed:
         done = drain_floor(str(path), http, concurrency)
-        elapsed = time.perf_counter() - started
     if done != count:
         raise RuntimeError(f"the floor finished {done} of {count}")
-    return count / elapsed
+    return timed
 
 
-def time_raw(url: str, concurrency: int, count: int) -> float:
+def time_raw(url: str, concurrency: int, count: int) -> Timed:
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     with httpx.Client(limits=limits) as http:
 
@@ -247,34 +272,33 @@ def time_raw(url: str, concurrency: int, count: int) -> float:
             )
             response.raise_for_status()
 
-        started = time.perf_counter()
-        if concurrency == 1:
-            for i in range(count):
-                one(i)
-        else:
-            with ThreadPoolExecutor(concurrency) as pool:
-                list(pool.map(one, range(count)))
-        return count / (time.perf_counter() - started)
+        with Timed(count) as timed:
+            if concurrency == 1:
+                for i in range(count):
+                    one(i)
+            else:
+                with ThreadPoolExecutor(concurrency) as pool:
+                    list(pool.map(one, range(count)))
+        return timed
 
 
-def time_drain_async(path: Path | str, url: str, concurrency: int, count: int) -> float:
-    async def run() -> float:
+def time_drain_async(path: Path | str, url: str, concurrency: int, count: int) -> Timed:
+    async def run() -> Timed:
         async with postonce.AsyncClient(
             outbox=path, durability="full", base_url=origin_of(url)
         ) as client:
             await client.lookup("opened before the clock starts")  # opens the outbox
-            started = time.perf_counter()
-            report = await client.drain(concurrency=concurrency)
-            elapsed = time.perf_counter() - started
+            with Timed(count) as timed:
+                report = await client.drain(concurrency=concurrency)
         if report.succeeded != count:
             raise RuntimeError(f"drain finished {report.succeeded} of {count}: {report}")
-        return count / elapsed
+        return timed
 
     return asyncio.run(run())
 
 
-def time_raw_async(url: str, concurrency: int, count: int) -> float:
-    async def run() -> float:
+def time_raw_async(url: str, concurrency: int, count: int) -> Timed:
+    async def run() -> Timed:
         limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
         async with httpx.AsyncClient(limits=limits) as http:
             left = iter(range(count))
@@ -291,9 +315,9 @@ def time_raw_async(url: str, concurrency: int, count: int) -> float:
                     )
                     response.raise_for_status()
 
-            started = time.perf_counter()
-            await asyncio.gather(*(worker() for _ in range(concurrency)))
-            return count / (time.perf_counter() - started)
+            with Timed(count) as timed:
+                await asyncio.gather(*(worker() for _ in range(concurrency)))
+            return timed
 
     return asyncio.run(run())
 
@@ -377,9 +401,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for name in order:
                     if name == "raw":
                         raw_timer = time_raw if args.shell == "sync" else time_raw_async
-                        rate, used = with_cpu(raw_timer, server.url, concurrency, args.intents)
-                        runs[name].append(rate)
-                        cpu[name].append(used)
+                        timed = raw_timer(server.url, concurrency, args.intents)
+                        runs[name].append(timed.rate)
+                        cpu[name].append(timed.used)
                         continue
                     path: Path | str = (
                         workdir / f"{name}-c{concurrency}-r{repeat}.sqlite3"
@@ -391,9 +415,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     if args.shell == "async":
                         timer = time_drain_async
                     try:
-                        rate, used = with_cpu(timer, path, server.url, concurrency, args.intents)
-                        runs[name].append(rate)
-                        cpu[name].append(used)
+                        timed = timer(path, server.url, concurrency, args.intents)
+                        runs[name].append(timed.rate)
+                        cpu[name].append(timed.used)
                     finally:
                         if args.backend == "postgres":
                             drop_postgres(str(path))

@@ -14,6 +14,7 @@ import random
 import sqlite3
 import sys
 import threading
+import time
 from collections import Counter
 from collections.abc import Sequence
 from contextlib import ExitStack
@@ -270,37 +271,46 @@ def test_an_arm_is_described_by_its_median_over_seeds_with_its_spread() -> None:
     ]
 
 
-def test_a_drain_arm_is_charged_what_its_run_used_per_intent(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """CPU and switches read before and after the run, over the intents (the last argument)."""
-    readings = iter([(10.0, 100, 7), (10.6, 4_600, 3_007)])
-    monkeypatch.setattr(bd, "client_usage", lambda: next(readings))
-    called: list[tuple[object, ...]] = []
+def test_a_drain_arm_is_charged_what_its_timed_span_used_per_intent() -> None:
+    """Usage read around the clock's own span, over the intents; the rate from that span."""
+    marks: list[str] = []
+    clock = iter([100.0, 102.0])
+    usage = iter([(10.0, 100, 7), (10.6, 4_600, 3_007)])
 
-    def timer(*args: object) -> float:
-        called.append(args)
-        return 1_500.0
+    def tick() -> float:
+        marks.append("clock")
+        return next(clock)
 
-    rate, used = bd.with_cpu(timer, "outbox", "http://127.0.0.1:1/v1/charges", 4, 3_000)
-    assert called == [("outbox", "http://127.0.0.1:1/v1/charges", 4, 3_000)]
-    assert rate == 1_500.0
-    assert used.cpu_us == pytest.approx(200.0)  # 0.6 s over 3,000 intents
-    assert (used.waits, used.preempted) == (1.5, 1.0)
+    def read() -> tuple[float, int, int]:
+        marks.append("usage")
+        return next(usage)
+
+    with bd.Timed(3_000, clock=tick, usage=read) as timed:
+        marks.append("run")
+    assert marks == ["usage", "clock", "run", "clock", "usage"]
+    assert timed.rate == 1_500.0  # 3,000 intents in 2 s
+    assert timed.used.cpu_us == pytest.approx(200.0)  # 0.6 s over 3,000 intents
+    assert (timed.used.waits, timed.used.preempted) == (1.5, 1.0)
 
 
-def test_the_client_cpu_of_a_run_is_this_process_s_own() -> None:
-    """A run that computes is charged more CPU than one that sleeps (no threshold on either)."""
+def test_the_client_cpu_of_a_run_holds_the_cpu_of_its_other_threads() -> None:
+    """A worker thread's own CPU time (its thread clock) is in what the run is charged.
 
-    def computes(count: int) -> float:
-        sum(i * i for i in range(200_000))
-        return float(count)
+    The margin only tells "counted" from "not counted" (a reading of this thread
+    alone would charge next to nothing); no figure of the machine's speed is used.
+    """
+    own: list[float] = []
 
-    def sleeps(count: int) -> float:
-        threading.Event().wait(0.05)
-        return float(count)
+    def work() -> None:
+        began = time.thread_time()
+        sum(i * i for i in range(300_000))
+        own.append(time.thread_time() - began)
 
-    assert bd.with_cpu(computes, 10)[1].cpu_us > bd.with_cpu(sleeps, 10)[1].cpu_us
+    with bd.Timed(1) as timed:
+        worker = threading.Thread(target=work)
+        worker.start()
+        worker.join()
+    assert timed.used.cpu_us >= own[0] * 1e6 / 2
 
 
 def test_the_drain_cpu_line_sets_each_arm_s_cpu_beside_its_wall_time() -> None:
