@@ -49,7 +49,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import httpx
 
@@ -72,10 +72,22 @@ class Used(NamedTuple):
     preempted: float  # involuntary ones: a thread taken off the CPU while it could run
 
 
-def client_usage() -> tuple[float, int, int]:
-    """This process's CPU seconds (user and system, all threads) and context switches so far."""
-    used = resource.getrusage(resource.RUSAGE_SELF)
-    return used.ru_utime + used.ru_stime, used.ru_nvcsw, used.ru_nivcsw
+class Rusage(Protocol):
+    """The fields of ``resource.getrusage`` a run is charged from."""
+
+    @property
+    def ru_utime(self) -> float: ...
+    @property
+    def ru_stime(self) -> float: ...
+    @property
+    def ru_nvcsw(self) -> int: ...
+    @property
+    def ru_nivcsw(self) -> int: ...
+
+
+def client_usage() -> Rusage:
+    """This process's use so far: CPU (user, system) and context switches, all its threads."""
+    return resource.getrusage(resource.RUSAGE_SELF)
 
 
 class Timed:
@@ -91,29 +103,25 @@ class Timed:
         count: int,
         *,
         clock: Callable[[], float] = time.perf_counter,
-        usage: Callable[[], tuple[float, int, int]] | None = None,
+        usage: Callable[[], Rusage] = client_usage,
     ) -> None:
         self.count = count
         self._clock = clock
-        self._usage = usage  # None: client_usage, looked up when read
-        self.elapsed = 0.0
-        self.used = Used(0.0, 0.0, 0.0)
-
-    def _read(self) -> tuple[float, int, int]:
-        return (self._usage or client_usage)()
+        self._usage = usage
 
     def __enter__(self) -> Timed:
-        self._before = self._read()
+        self._before = self._usage()
         self._started = self._clock()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.elapsed = self._clock() - self._started
-        after = self._read()
+        after, before = self._usage(), self._before
+        cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
         self.used = Used(
-            (after[0] - self._before[0]) / self.count * 1e6,
-            (after[1] - self._before[1]) / self.count,
-            (after[2] - self._before[2]) / self.count,
+            cpu / self.count * 1e6,
+            (after.ru_nvcsw - before.ru_nvcsw) / self.count,
+            (after.ru_nivcsw - before.ru_nivcsw) / self.count,
         )
 
     @property
@@ -402,25 +410,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                     if name == "raw":
                         raw_timer = time_raw if args.shell == "sync" else time_raw_async
                         timed = raw_timer(server.url, concurrency, args.intents)
-                        runs[name].append(timed.rate)
-                        cpu[name].append(timed.used)
-                        continue
-                    path: Path | str = (
-                        workdir / f"{name}-c{concurrency}-r{repeat}.sqlite3"
-                        if args.backend == "sqlite"
-                        else fresh_postgres(args.pg)
-                    )
-                    fill(path, server.url, args.intents)
-                    timer = {"drain": time_drain, "floor": time_floor}[name]
-                    if args.shell == "async":
-                        timer = time_drain_async
-                    try:
-                        timed = timer(path, server.url, concurrency, args.intents)
-                        runs[name].append(timed.rate)
-                        cpu[name].append(timed.used)
-                    finally:
-                        if args.backend == "postgres":
-                            drop_postgres(str(path))
+                    else:
+                        path: Path | str = (
+                            workdir / f"{name}-c{concurrency}-r{repeat}.sqlite3"
+                            if args.backend == "sqlite"
+                            else fresh_postgres(args.pg)
+                        )
+                        fill(path, server.url, args.intents)
+                        timer = {"drain": time_drain, "floor": time_floor}[name]
+                        if args.shell == "async":
+                            timer = time_drain_async
+                        try:
+                            timed = timer(path, server.url, concurrency, args.intents)
+                        finally:
+                            if args.backend == "postgres":
+                                drop_postgres(str(path))
+                    runs[name].append(timed.rate)
+                    cpu[name].append(timed.used)
             results[concurrency] = runs
             drain, raw = statistics.median(runs["drain"]), statistics.median(runs["raw"])
             # Each repeat's drain over the raw of the same repeat: the spread.

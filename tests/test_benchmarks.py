@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Literal
 
 import httpx
@@ -275,13 +276,19 @@ def test_a_drain_arm_is_charged_what_its_timed_span_used_per_intent() -> None:
     """Usage read around the clock's own span, over the intents; the rate from that span."""
     marks: list[str] = []
     clock = iter([100.0, 102.0])
-    usage = iter([(10.0, 100, 7), (10.6, 4_600, 3_007)])
+    # User and system time both count; voluntary switches are waits, involuntary ones preemptions.
+    usage = iter(
+        [
+            SimpleNamespace(ru_utime=8.0, ru_stime=2.0, ru_nvcsw=100, ru_nivcsw=7),
+            SimpleNamespace(ru_utime=8.45, ru_stime=2.15, ru_nvcsw=4_600, ru_nivcsw=3_007),
+        ]
+    )
 
     def tick() -> float:
         marks.append("clock")
         return next(clock)
 
-    def read() -> tuple[float, int, int]:
+    def read() -> SimpleNamespace:
         marks.append("usage")
         return next(usage)
 
