@@ -243,7 +243,7 @@ async def run_candidate(
             client = once
 
             async def postonce_call() -> None:
-                _check(await once.post_once(url, json=BODY), who)
+                _check(await once.post_once(url, json=BODY, intent=postonce.ONE_OFF), who)
 
             call = postonce_call
         if warmup:

@@ -112,7 +112,7 @@ def _arm_call(arm: str, url: str, workdir: Path) -> Callable[[], object]:
     import postonce
 
     client = postonce.Client(outbox=workdir / "outbox.sqlite3", durability="normal")
-    return lambda: client.post_once(url, json=BODY)
+    return lambda: client.post_once(url, json=BODY, intent=postonce.ONE_OFF)
 
 
 def drain_child(arm: str, outbox: str, url: str, concurrency: int, count: int) -> None:

@@ -200,7 +200,7 @@ def candidates_for(
             )
 
             def call(client: postonce.Client = client) -> Any:
-                return client.post_once(url, json=BODY)
+                return client.post_once(url, json=BODY, intent=postonce.ONE_OFF)
 
         made.append(Candidate(wait, arm, call, marks))
     return made

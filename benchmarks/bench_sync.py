@@ -302,7 +302,7 @@ def floor_candidate(floor: Floor | SchemaFloor, url: str, kind: str = "floor") -
 
 def postonce_candidate(client: postonce.Client, url: str, label: str) -> Candidate:
     def call() -> None:
-        _check(client.post_once(url, json=BODY), label)
+        _check(client.post_once(url, json=BODY, intent=postonce.ONE_OFF), label)
 
     def settle() -> None:
         client.outbox  # noqa: B018 - reading the property commits the write-behind queue

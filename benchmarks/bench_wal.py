@@ -143,7 +143,7 @@ def open_arm(name: str, path: Path, url: str, durability: str) -> Arm:
         if with_reference:
             response = client.post_once(url, json=BODY, intent=f"order-{next(numbers)}/charge")
         else:
-            response = client.post_once(url, json=BODY)
+            response = client.post_once(url, json=BODY, intent=postonce.ONE_OFF)
         _check(response, name)
 
     def settle() -> None:

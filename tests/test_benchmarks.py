@@ -25,6 +25,8 @@ from typing import Any, Literal
 import httpx
 import pytest
 
+import postonce
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import async_throughput as at
@@ -547,7 +549,6 @@ def test_the_schema_floor_writes_what_post_once_writes(
     """
     from floor import SCHEMA_SWEEP, SchemaFloor
 
-    import postonce
     from postonce._outbox.decide import LEASE_SWEEP
 
     assert SCHEMA_SWEEP == LEASE_SWEEP  # the sweep comes as often as postonce's
@@ -561,11 +562,11 @@ def test_the_schema_floor_writes_what_post_once_writes(
     with httpx.Client(transport=httpx.MockTransport(answer)) as http:
         with postonce.Client(outbox=tmp_path / "o.sqlite3", durability=durability, http=http) as c:
             for n in range(3):
-                c.post_once(url, json={"amount": n})
+                c.post_once(url, json={"amount": n}, intent=postonce.ONE_OFF)
             store: Any = c.outbox
             store._conn = _Recorder(store._conn, ours)
             for n in range(calls):
-                c.post_once(url, json={"amount": n})
+                c.post_once(url, json={"amount": n}, intent=postonce.ONE_OFF)
             store._conn = store._conn._conn
             left = _rows_left(tmp_path / "o.sqlite3")  # before close() sweeps the rest
         floor = SchemaFloor(tmp_path / "f.sqlite3", synchronous, http)

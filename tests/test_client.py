@@ -128,8 +128,8 @@ def test_without_intent_each_call_is_its_own_intent(make_client: ClientFactory) 
     """Two calls without intent= mint two keys and store two intents."""
     rec = Recorder(ok(201))
     client = make_client(transport=rec.transport)
-    client.post_once("/charge", json={"amount": 1})
-    client.post_once("/charge", json={"amount": 1})
+    client.post_once("/charge", json={"amount": 1}, intent=postonce.ONE_OFF)
+    client.post_once("/charge", json={"amount": 1}, intent=postonce.ONE_OFF)
     keys = rec.keys()
     assert len(set(keys)) == 2
     for key in keys:
@@ -152,7 +152,9 @@ def test_caller_key_is_used_raw(make_client: ClientFactory) -> None:
 def test_minted_key_is_unquoted_uuid4(make_client: ClientFactory) -> None:
     """The minted key is a bare canonical UUIDv4 on the wire."""
     rec = Recorder(ok(201))
-    make_client(transport=rec.transport).post_once("/charge", json={"a": 1})
+    make_client(transport=rec.transport).post_once(
+        "/charge", json={"a": 1}, intent=postonce.ONE_OFF
+    )
     value = rec.requests[0].headers["Idempotency-Key"]
     assert '"' not in value
     assert len(value) == 36

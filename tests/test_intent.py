@@ -20,9 +20,12 @@ LEGAL: frozenset[tuple[State, State]] = frozenset(
         (State.SENDING, State.SUCCEEDED),
         (State.SENDING, State.FAILED),
         (State.SENDING, State.EXPIRED),
+        (State.SENDING, State.INDETERMINATE),
         (State.SENDING, State.CANCELLED),
         (State.EXPIRED, State.SUCCEEDED),
         (State.EXPIRED, State.FAILED),
+        (State.INDETERMINATE, State.SUCCEEDED),
+        (State.INDETERMINATE, State.FAILED),
     }
 )
 
@@ -70,9 +73,19 @@ def test_expired_only_resolves_to_an_answer() -> None:
     assert _targets(State.EXPIRED) == {State.SUCCEEDED, State.FAILED}
 
 
+def test_indeterminate_only_resolves_to_an_answer() -> None:
+    """INDETERMINATE moves only to SUCCEEDED or FAILED (a reconciler's or a person's resolution)."""
+    assert _targets(State.INDETERMINATE) == {State.SUCCEEDED, State.FAILED}
+
+
 def test_terminal_states() -> None:
-    """TERMINAL is exactly the four states a sender never leaves on its own."""
-    assert frozenset({State.SUCCEEDED, State.FAILED, State.EXPIRED, State.CANCELLED}) == TERMINAL
+    """TERMINAL is exactly the five states a sender never leaves on its own."""
+    assert (
+        frozenset(
+            {State.SUCCEEDED, State.FAILED, State.EXPIRED, State.INDETERMINATE, State.CANCELLED}
+        )
+        == TERMINAL
+    )
     assert all(State.SENDING not in _targets(state) for state in TERMINAL)
     assert all(State.PENDING not in _targets(state) for state in TERMINAL)
 

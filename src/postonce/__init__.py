@@ -5,7 +5,7 @@ every retry, and never re-sent after the provider may have forgotten it.
 """
 
 from ._async_client import AsyncClient
-from ._base import OnceOptions
+from ._base import ONE_OFF, OnceOptions
 from ._budget import RetryBudget
 from ._client import Client
 from ._drain import DrainReport
@@ -16,6 +16,7 @@ from ._exceptions import (
     IntentConflict,
     IntentError,
     IntentExpired,
+    IntentIndeterminate,
     IntentPending,
     IntentPurged,
     IntentResolved,
@@ -48,6 +49,7 @@ from .providers import BUILTIN_PROVIDERS, Provider, StatusRule, get_provider
 
 __all__ = [
     "BUILTIN_PROVIDERS",
+    "ONE_OFF",
     "AsyncClient",
     "AttemptDetail",
     "AttemptRecord",
@@ -63,6 +65,7 @@ __all__ = [
     "IntentConflict",
     "IntentError",
     "IntentExpired",
+    "IntentIndeterminate",
     "IntentInfo",
     "IntentPending",
     "IntentPurged",

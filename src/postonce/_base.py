@@ -64,6 +64,7 @@ from .providers import BUILTIN_PROVIDERS, Provider, get_provider, provider_ident
 
 __all__ = [
     "LEASE_MARGIN",
+    "ONE_OFF",
     "WAIT_POLL",
     "BaseClient",
     "DeadlineInput",
@@ -84,6 +85,28 @@ HttpT = TypeVar("HttpT", httpx.Client, httpx.AsyncClient)
 T = TypeVar("T")
 
 
+class OneOff:
+    """The type of :data:`ONE_OFF`."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "postonce.ONE_OFF"
+
+
+#: ``intent=postonce.ONE_OFF``: this call is deliberately its own intent, with a new
+#: key each time. Calling again sends again: nothing ties two such calls together.
+ONE_OFF = OneOff()
+
+#: Why a call without a name for its intent is refused.
+NO_INTENT = (
+    "this call names no intent: pass intent= with what must happen once (e.g. "
+    "intent=f'order-{order_id}/charge'), so that calling again (a double click, a retried "
+    "handler, a restart) finds the first call instead of charging again. A call that is "
+    "deliberately its own intent says intent=postonce.ONE_OFF; nothing was stored or sent"
+)
+
+
 class OnceOptions(TypedDict, total=False):
     """The options of ``request_once`` and its ``post_once``/``put_once``/... shortcuts.
 
@@ -91,7 +114,8 @@ class OnceOptions(TypedDict, total=False):
 
     - ``intent``: what you want done once, e.g. ``"order-1234/charge"``; calling again
       with it returns the stored answer or resumes the pending intent with its key.
-      Without it the call is its own intent.
+      Required, unless ``key`` (or the key's header or body field) names the intent;
+      ``postonce.ONE_OFF`` makes the call deliberately its own intent.
     - ``key``: your own idempotency key instead of a minted UUIDv4 (checked against
       the provider's rules before anything is stored).
     - ``json``: a JSON body; fingerprinted as canonical JSON (key order does not matter).
@@ -112,7 +136,7 @@ class OnceOptions(TypedDict, total=False):
       and in the CLI. The first call's ``meta`` is kept.
     """
 
-    intent: str | None
+    intent: str | OneOff
     key: str | None
     json: Any
     content: Any
@@ -617,7 +641,7 @@ class BaseClient:
         method: str,
         url: httpx.URL | str,
         *,
-        intent: str | None = None,
+        intent: str | OneOff | None = None,
         key: str | None = None,
         json: Any = UNSET,
         content: Any = UNSET,
@@ -632,6 +656,8 @@ class BaseClient:
         meta: Any = None,
     ) -> tuple[Prepared, Sender, NewIntent]:
         """Check, encode and fingerprint a call: what to store and how to send it."""
+        one_off = isinstance(intent, OneOff)
+        intent = None if isinstance(intent, OneOff) else intent
         try:
             profile = get_provider(provider) if provider is not None else self.provider
         except PostonceError as exc:
@@ -654,6 +680,8 @@ class BaseClient:
             origins=self.origins,
             secret_params=self._secret_params,
         )
+        if intent is None and not one_off and not prepared.key_given:
+            raise InvalidRequest(NO_INTENT)
         sender = self._sender(
             profile, retry, timeout, prepared.secret_headers, prepared.secret_params
         )
@@ -704,6 +732,7 @@ class BaseClient:
                 and cached.hooks is self.hooks
                 and cached.retry_budget is self.retry_budget
                 and (cached.settle_hold is None) is (self.on_settled is None)
+                and cached.reconciles is (self.reconcile is not None)
                 and params is http_params
             ):
                 return cached
@@ -742,6 +771,7 @@ class BaseClient:
             retry_budget=self.retry_budget,
             lib=lib,
             settle_hold=self.lease_seconds if self.on_settled is not None else None,
+            reconciles=self.reconcile is not None,
         )
 
     def _builder(self, secret: tuple[tuple[str, str], ...]) -> Callable[..., httpx.Request]:

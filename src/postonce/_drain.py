@@ -30,6 +30,7 @@ from ._exceptions import (
     IdempotencyKeyMismatch,
     IntentCancelled,
     IntentExpired,
+    IntentIndeterminate,
     IntentPending,
     OutboxError,
 )
@@ -76,6 +77,7 @@ class DrainReport(BaseModel):
     succeeded: int = 0
     failed: int = 0  # final non-2xx answers and key mismatches
     expired: int = 0  # horizon or deadline passed with delivery ambiguous: reconcile
+    indeterminate: int = 0  # an answer that left the effect unknown (a stored 5xx): reconcile
     cancelled: int = 0  # deadline passed, never delivered
     pending: int = 0  # left pending with a later due time
     replayed: int = 0  # answers the server marked as replays
@@ -89,7 +91,9 @@ class DrainReport(BaseModel):
 
     @property
     def ok(self) -> bool:
-        return self.failed == 0 and self.expired == 0 and self.errors == 0
+        return (
+            self.failed == 0 and self.expired == 0 and self.indeterminate == 0 and self.errors == 0
+        )
 
 
 @dataclass
@@ -210,6 +214,8 @@ def count_outcome(tally: Tally, outcome: object) -> None:
         tally.add("pending")
     elif isinstance(outcome, IntentExpired):
         tally.add("expired")
+    elif isinstance(outcome, IntentIndeterminate):
+        tally.add("indeterminate")
     elif isinstance(outcome, IntentCancelled):
         tally.add("cancelled")
     elif isinstance(outcome, IdempotencyKeyMismatch):

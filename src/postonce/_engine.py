@@ -120,6 +120,14 @@ def decide(
         assert status is not None
         state = State.SUCCEEDED if 200 <= status < 300 else State.FAILED
         return _step(StepKind.FINISH, state)
+    if outcome is Outcome.INDETERMINATE:
+        # Stored, never retried, and never called failed: the effect may have happened.
+        return _step(
+            StepKind.FINISH,
+            State.INDETERMINATE,
+            reason=f"HTTP {status} leaves the effect unknown: {provider.name} says not to "
+            "retry it; reconcile it",
+        )
     if outcome is Outcome.MISMATCH:
         return _step(StepKind.MISMATCH, State.FAILED, reason="the key was used for another request")
     wait = backoff(policy, outcome, attempt, headers, now)

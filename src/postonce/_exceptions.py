@@ -12,6 +12,7 @@ Every error postonce raises derives from :class:`PostonceError`::
         ├── IntentConflict        same intent, different request (nothing sent)
         ├── IntentPending         the foreground gave up; the intent waits for the drain
         ├── IntentExpired         the provider may have forgotten the key: reconcile by hand
+        ├── IntentIndeterminate   the answer leaves the effect unknown (a stored 5xx): reconcile
         ├── IntentCancelled       never delivered and stopped (operator or deadline)
         ├── IntentPurged          finished long ago; only its tombstone is left
         ├── IntentResolved        expired, then settled by an operator; no answer stored
@@ -39,6 +40,7 @@ __all__ = [
     "IntentConflict",
     "IntentError",
     "IntentExpired",
+    "IntentIndeterminate",
     "IntentPending",
     "IntentPurged",
     "IntentResolved",
@@ -178,6 +180,29 @@ class IntentExpired(IntentError):
     The intent is never sent again, with this key or any other: a person or a
     reconciliation job must look up whether the provider executed it.
     """
+
+
+class IntentIndeterminate(IntentError):
+    """The provider's answer ends the intent without saying whether it took effect.
+
+    A 5xx the provider stored for the key and replays (Stripe calls a 500
+    indeterminate), or one it says not to retry: no retry can change it, and
+    it does not prove the charge absent. It is not a failure: never act on it
+    as one. A drain's reconciler (``reconcile=``) asks the provider and
+    resolves the intent to succeeded or failed; ``response`` is the answer.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        intent: str | None = None,
+        key: str,
+        response: httpx.Response | None = None,
+        reference: str | None = None,
+    ) -> None:
+        self.response = response
+        super().__init__(message, intent=intent, key=key, reference=reference)
 
 
 class IntentCancelled(IntentError):

@@ -32,12 +32,14 @@ from ._exceptions import (
     IntentConflict,
     IntentError,
     IntentExpired,
+    IntentIndeterminate,
     IntentPending,
     IntentPurged,
     IntentResolved,
+    OutboxError,
 )
 from ._frozen import maker, quick_init
-from ._intent import TERMINAL, IntentInfo, IntentRecord, Outcome, State
+from ._intent import TERMINAL, UNRESOLVED, IntentInfo, IntentRecord, Outcome, State
 from ._observe import (
     AttemptDetail,
     EndDetail,
@@ -67,6 +69,7 @@ __all__ = [
     "from_outbox",
     "run",
     "send_claimed",
+    "settle_hold_for",
 ]
 
 logger = logging.getLogger("postonce")
@@ -129,6 +132,20 @@ class Sender:
     #: The client runs a settlement handler: an intent it ends owes a settlement,
     #: held this many seconds by this process before a drain may take it over.
     settle_hold: float | None = None
+    #: The client has a reconciler: an expired or indeterminate ending owes no
+    #: settlement yet; the reconciler's resolution owes the one settlement.
+    reconciles: bool = False
+
+
+def settle_hold_for(sender: Sender, state: State) -> float | None:
+    """The settlement hold of an ending in ``state`` (None: no settlement is owed now).
+
+    With a reconciler, an unresolved ending waits for it: the handler hears
+    of the intent once, with the state the reconciler found.
+    """
+    if sender.reconciles and state in UNRESOLVED:
+        return None
+    return sender.settle_hold
 
 
 @quick_init
@@ -183,11 +200,15 @@ def _stored_answer(record: IntentRecord, lib: ModuleType) -> httpx.Response:
             record.note or "the intent was cancelled", reference=record.reference, key=record.key
         )
     stored = record.response
-    if stored is None:
+    # An answer that left the effect unknown is never handed back as the result,
+    # resolved or not: its status would read as a failure.
+    indeterminate = record.last_outcome is Outcome.INDETERMINATE
+    if stored is None or (indeterminate and record.state is not State.INDETERMINATE):
+        ended = "its answer left the effect unknown" if indeterminate else "it expired"
         raise IntentResolved(
-            f"it expired and an operator resolved it as {record.state.value}"
+            f"{ended} and it was resolved as {record.state.value}"
             + (f": {record.note}" if record.note else "")
-            + "; no answer is stored",
+            + "; no answer of the provider's says so",
             reference=record.reference,
             key=record.key,
             state=record.state.value,
@@ -215,6 +236,13 @@ def _stored_answer(record: IntentRecord, lib: ModuleType) -> httpx.Response:
             key=record.key,
             response=_annotate(response, info),
         )
+    if record.state is State.INDETERMINATE:
+        raise IntentIndeterminate(
+            record.note or f"HTTP {stored.status} left the effect unknown; reconcile it",
+            reference=record.reference,
+            key=record.key,
+            response=_annotate(response, info),
+        )
     return _annotate(response, info)
 
 
@@ -233,10 +261,18 @@ def run(sender: Sender, new: NewIntent) -> Generator[Effect, Any, httpx.Response
     # The write-ahead: nothing is sent until this commit holds the intent and our lease.
     polls = 0
     while True:
-        opened = yield _store_call(
-            "open_intent",
-            {"new": new, "owner": sender.owner, "now": clock(), "lease_for": sender.lease_seconds},
-        )
+        try:
+            opened = yield _store_call(
+                "open_intent",
+                {
+                    "new": new,
+                    "owner": sender.owner,
+                    "now": clock(),
+                    "lease_for": sender.lease_seconds,
+                },
+            )
+        except OutboxError as exc:
+            return (yield from _unacknowledged(sender, new, exc))
         record: IntentRecord = opened.record
         if opened.conflict is not None:
             raise IntentConflict(
@@ -261,17 +297,60 @@ def run(sender: Sender, new: NewIntent) -> Generator[Effect, Any, httpx.Response
             )
         yield Sleep(max(wait, 0.01))
 
-    return (
-        yield from send_claimed(
-            sender,
-            record,
-            opened.lease,
-            opened.anchor_before,
-            ends_at=ends_at,
-            foreground=True,
-            key_given=new.key_given,
+    try:
+        return (
+            yield from send_claimed(
+                sender,
+                record,
+                opened.lease,
+                opened.anchor_before,
+                ends_at=ends_at,
+                foreground=True,
+                key_given=new.key_given,
+            )
         )
-    )
+    except OutboxError as exc:
+        # The intent is stored (the write-ahead committed): whatever the outbox
+        # failed to record, the drain finishes it with the same key.
+        raise IntentPending(
+            f"the outbox failed after the intent was stored ({exc.message}); nothing is lost: "
+            "the drain finishes it with the same key",
+            reference=record.reference,
+            key=record.key,
+        ) from exc
+
+
+def _unacknowledged(
+    sender: Sender, new: NewIntent, error: OutboxError
+) -> Generator[Effect, Any, httpx.Response]:
+    """The write-ahead raised: read the intent back before telling the caller anything.
+
+    A commit whose acknowledgement was lost (a connection cut after the
+    server committed) raises like one that failed. Only a read showing no
+    intent proves nothing was stored; an OutboxError says no more than that.
+    """
+    try:
+        found: IntentRecord | None = yield StoreCall("get", {"reference": new.reference})
+    except OutboxError:
+        raise IntentPending(
+            f"the outbox did not confirm the write-ahead ({error.message}) and cannot be read "
+            "now: the intent may be stored, and nothing was sent; call again with the same "
+            "intent= to resume it (never with a new one)",
+            reference=new.reference,
+            key=new.key,
+        ) from error
+    if found is None or found.fingerprint != new.fingerprint:
+        raise error  # confirmed: nothing of this request was stored, nothing sent
+    if found.state in TERMINAL:
+        return from_outbox(found, sender.lib)
+    raise IntentPending(
+        f"the outbox's acknowledgement of the write-ahead was lost ({error.message}), but the "
+        "intent is stored and nothing was sent: the drain sends it with its key, or call again "
+        "with the same intent= to resume it",
+        reference=found.reference,
+        key=found.key,
+        due_at=found.lease_expires_at,
+    ) from error
 
 
 class Abandoned(BaseException):
@@ -363,6 +442,8 @@ def _state_of(exc: BaseException) -> State | None:
     """The state an error leaves its intent in, where the error says so."""
     if isinstance(exc, IntentExpired):
         return State.EXPIRED
+    if isinstance(exc, IntentIndeterminate):
+        return State.INDETERMINATE
     if isinstance(exc, IntentCancelled):
         return State.CANCELLED
     if isinstance(exc, IdempotencyKeyMismatch):
@@ -439,7 +520,7 @@ def _stopped(
             "now": sender.clock(),
             "state": stop.state,
             "note": stop.reason,
-            "settle_hold": sender.settle_hold,
+            "settle_hold": settle_hold_for(sender, stop.state),
         },
     )
     raise _stop(sender, stop, record)
@@ -702,7 +783,7 @@ def _record(
             else None,
             "note": step.reason or None,
             "durable": durable,
-            "settle_hold": sender.settle_hold,
+            "settle_hold": settle_hold_for(sender, step.state),
         },
     )
 
@@ -732,6 +813,13 @@ def _conclude(
         )
     if step.kind is StepKind.FINISH:
         assert response is not None
+        if step.state is State.INDETERMINATE:
+            raise IntentIndeterminate(
+                step.reason,
+                reference=record.reference,
+                key=record.key,
+                response=_annotate(response, info),
+            )
         return _annotate(response, info)
     if step.kind is StepKind.MISMATCH:
         assert response is not None

@@ -13,6 +13,7 @@ from ._frozen import quick_init
 
 __all__ = [
     "TERMINAL",
+    "UNRESOLVED",
     "IllegalMove",
     "IntentInfo",
     "IntentRecord",
@@ -32,10 +33,17 @@ class State(str, enum.Enum):
     SUCCEEDED = "succeeded"  # a final 2xx answer is stored
     FAILED = "failed"  # a final non-2xx answer is stored, or the key was refused as mismatched
     EXPIRED = "expired"  # delivery ambiguous past the horizon: reconcile, never re-send
+    INDETERMINATE = "indeterminate"  # an answer that leaves the effect unknown: reconcile
     CANCELLED = "cancelled"  # never delivered, and stopped by an operator or its deadline
 
 
-TERMINAL = frozenset({State.SUCCEEDED, State.FAILED, State.EXPIRED, State.CANCELLED})
+TERMINAL = frozenset(
+    {State.SUCCEEDED, State.FAILED, State.EXPIRED, State.INDETERMINATE, State.CANCELLED}
+)
+
+#: The endings whose outcome is unknown: a reconciler (or a person) resolves them
+#: to succeeded or failed; they are never sent again and never purged unresolved.
+UNRESOLVED = frozenset({State.EXPIRED, State.INDETERMINATE})
 
 
 class Outcome(str, enum.Enum):
@@ -46,11 +54,15 @@ class Outcome(str, enum.Enum):
     IN_PROGRESS = "in_progress"  # the server is still working on this key (e.g. 409)
     RETRYABLE = "retryable"  # an answer that invites a retry (429, 502/503/504, ...)
     MISMATCH = "mismatch"  # the key was first used with a different request
+    #: An answer that ends the intent without proving the effect absent: a 5xx the
+    #: provider stored and replays, or says not to retry. Never retried: reconcile.
+    INDETERMINATE = "indeterminate"
     FINAL = "final"  # any other answer: the result of the intent
 
 
 # Every legal move, and nothing else. Terminal states leave only by an explicit
-# operator action (``resolve``), which is the one move out of EXPIRED.
+# operator action (``resolve``), which is the one move out of EXPIRED and
+# INDETERMINATE (made by a person, or by a drain's reconciler).
 _MOVES: dict[State, frozenset[State]] = {
     State.PENDING: frozenset({State.SENDING, State.CANCELLED, State.EXPIRED}),
     State.SENDING: frozenset(
@@ -60,12 +72,14 @@ _MOVES: dict[State, frozenset[State]] = {
             State.SUCCEEDED,
             State.FAILED,
             State.EXPIRED,
+            State.INDETERMINATE,
             State.CANCELLED,
         }
     ),
     State.SUCCEEDED: frozenset(),
     State.FAILED: frozenset(),
     State.EXPIRED: frozenset({State.SUCCEEDED, State.FAILED}),  # operator resolution
+    State.INDETERMINATE: frozenset({State.SUCCEEDED, State.FAILED}),  # operator resolution
     State.CANCELLED: frozenset(),
 }
 
@@ -85,8 +99,9 @@ def operator_move(record: IntentRecord, to: State, now: float) -> State:
     """Check an operator's cancel or resolve against the rules; raise IllegalMove with why.
 
     Cancel: only an intent that was never possibly delivered and that no live
-    sender holds. Resolve: only an expired intent, to succeeded or failed,
-    after a person checked with the provider.
+    sender holds. Resolve: only an unresolved intent (expired or
+    indeterminate), to succeeded or failed, after a person or a reconciler
+    checked with the provider.
     """
     if to is State.CANCELLED:
         if record.state in TERMINAL:
@@ -101,9 +116,10 @@ def operator_move(record: IntentRecord, to: State, now: float) -> State:
             raise IllegalMove(f"a sender ({record.lease_owner}) holds it right now")
         return move(record.state, to)
     if to in (State.SUCCEEDED, State.FAILED):
-        if record.state is not State.EXPIRED:
+        if record.state not in UNRESOLVED:
             raise IllegalMove(
-                f"only an expired intent is resolved by hand; this one is {record.state.value}"
+                "only an expired or indeterminate intent is resolved; "
+                f"this one is {record.state.value}"
             )
         return move(record.state, to)
     raise IllegalMove(f"an operator cannot move an intent to {to.value}")

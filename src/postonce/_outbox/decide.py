@@ -19,7 +19,15 @@ from json.encoder import encode_basestring_ascii as _json_string
 from typing import Any
 
 from .._frozen import maker, replacer
-from .._intent import TERMINAL, IntentRecord, Outcome, State, StoredResponse, operator_move
+from .._intent import (
+    TERMINAL,
+    UNRESOLVED,
+    IntentRecord,
+    Outcome,
+    State,
+    StoredResponse,
+    operator_move,
+)
 from .._sender import origin_of
 from ..providers import same_provider
 from .base import AttemptRecord, Census, Lease, NewIntent, Opened, new_intent_record, new_lease
@@ -60,9 +68,10 @@ __all__ = [
 #: Column name -> value, as a store writes them.
 Changes = dict[str, Any]
 
-#: The states whose rows purge may reduce to tombstones. An expired intent stays
-#: until a person resolves it: purging it would hide it from "needs attention".
-PURGEABLE = tuple(sorted(s.value for s in TERMINAL if s is not State.EXPIRED))
+#: The states whose rows purge may reduce to tombstones. An expired or
+#: indeterminate intent stays until it is resolved: purging it would hide it
+#: from "needs attention".
+PURGEABLE = tuple(sorted(s.value for s in TERMINAL - UNRESOLVED))
 
 _TERMINAL_VALUES = frozenset(s.value for s in TERMINAL)
 
@@ -562,6 +571,7 @@ def stats_report(
         "oldest_pending_created_at": oldest,
         "next_due_at": min(candidates) if candidates else None,
         "expired_needing_attention": states[State.EXPIRED.value],
+        "indeterminate_needing_attention": states[State.INDETERMINATE.value],
         "tombstones": int(tombstones),
         "in_flight": int(leased),
         "next_lease_expiry": lease_expiry,

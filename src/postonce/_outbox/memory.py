@@ -18,12 +18,14 @@ from typing import Any
 
 from .._engine import CLOCK_TOLERANCE
 from .._exceptions import IntentConflict
-from .._intent import IntentRecord, State
+from .._intent import UNRESOLVED, IntentRecord, State
 from .._lease import alive as lease_owner_alive
 from . import decide
 from .base import AttemptRecord, Census, Lease, NewIntent, Opened
 from .rows import COLUMN_NAMES, decode_attempt, decode_row
 from .store import Mine, StoreBase, Take
+
+_UNRESOLVED = frozenset(s.value for s in UNRESOLVED)
 
 __all__ = ["MemoryOutbox"]
 
@@ -145,7 +147,7 @@ class MemoryOutbox(StoreBase):
                 rows = [
                     r
                     for r in self._rows.values()
-                    if r["state"] == State.EXPIRED.value
+                    if r["state"] in _UNRESOLVED
                     and mine.admits(r["sender"], r["origin"])
                     and (r.get("reconcile_at") is None or r["reconcile_at"] <= now)
                 ]

@@ -206,7 +206,8 @@ class SQLStore(StoreBase):
     _TAKE: ClassVar[dict[str, tuple[str, str]]] = {
         "settle": ("settle_due_at <= ?", " ORDER BY settle_due_at, id"),
         "expired": (
-            "state = 'expired' AND (reconcile_at IS NULL OR reconcile_at <= ?)",
+            # Spelled as the partial index intents_unresolved is (schema v7).
+            "state IN ('expired', 'indeterminate') AND (reconcile_at IS NULL OR reconcile_at <= ?)",
             " ORDER BY id",
         ),
     }

@@ -92,7 +92,8 @@ class StoreBase(ABC):
         """Write ``changes`` on up to ``limit`` rows of ``sender`` in one transaction; say which.
 
         ``kind`` ``"settle"``: rows whose settlement is owed by ``now``, oldest
-        first; ``"expired"``: expired rows the reconciler may be asked about now.
+        first; ``"expired"``: expired and indeterminate rows the reconciler may
+        be asked about now.
         """
 
     @abstractmethod
@@ -278,7 +279,10 @@ class StoreBase(ABC):
         every: float,
         origins: Collection[str] | None = None,
     ) -> list[IntentRecord]:
-        """Take up to ``limit`` expired intents to ask the reconciler about (once per ``every``)."""
+        """Take up to ``limit`` expired or indeterminate intents to ask the reconciler about.
+
+        Each is taken once per ``every`` seconds.
+        """
         mine = Mine(sender, None if origins is None else tuple(sorted(origins)))
         taken = decide.reconcile_taken(now, every)
         return self._take_rows("expired", mine=mine, now=now, limit=limit, changes=taken)

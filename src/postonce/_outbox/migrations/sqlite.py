@@ -237,6 +237,23 @@ def _v6(db: sqlite_utils.Database) -> None:
     )
 
 
+def _v7(db: sqlite_utils.Database) -> None:
+    """A reconciler is asked about indeterminate intents as about expired ones.
+
+    ``indeterminate`` is a new state (an answer that leaves the effect
+    unknown, e.g. a 5xx the provider stored and replays); the index a drain
+    walks for its reconciler now holds both. Rows written before keep their
+    state: an intent that ended ``failed`` on such an answer stays failed
+    (its settlement was delivered as such). A process of an older release
+    asks only about ``expired`` rows, which it still finds, without the index.
+    """
+    db.execute("DROP INDEX intents_expired")
+    db.execute(
+        "CREATE INDEX intents_unresolved ON intents (sender, reconcile_at)"
+        " WHERE state IN ('expired', 'indeterminate')"
+    )
+
+
 #: MIGRATIONS[n] takes a database at schema version n to n + 1.
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _v5, _v6]
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7]
 SCHEMA_VERSION = len(MIGRATIONS)
