@@ -48,16 +48,58 @@ ACTIONS: Mapping[Outcome, str] = {
         "**retryable**: send the same key again after `Retry-After` "
         "(capped at `RetryPolicy.retry_after_max`) or a jittered backoff"
     ),
+    Outcome.INDETERMINATE: (
+        "**indeterminate**: the effect is unknown; the answer is stored, not retried and not "
+        "called a failure: `IntentIndeterminate` is raised and the intent stays `indeterminate` "
+        "until your reconciler or an operator resolves it"
+    ),
     Outcome.FINAL: (
         "**final answer**: stored and returned as the `httpx.Response`, not retried; "
         "the intent is `succeeded` for a 2xx, else `failed`"
     ),
 }
 
+#: The summary's groups, in the order a page lists them: (outcome, heading, what happens).
+GROUPS: tuple[tuple[Outcome, str, str], ...] = (
+    (Outcome.FINAL, "Final", "stored and returned as the `httpx.Response`; never retried"),
+    (
+        Outcome.RETRYABLE,
+        "Retried (same key)",
+        "sent again with the same key after `Retry-After` or a backoff, until the horizon",
+    ),
+    (
+        Outcome.IN_PROGRESS,
+        "In flight",
+        "an earlier request with the key is still running: waited on, then the same key again",
+    ),
+    (
+        Outcome.INDETERMINATE,
+        "Indeterminate (reconciled)",
+        "the effect is unknown: never retried, never called failed; `IntentIndeterminate`, "
+        "then [reconciled](../reconcile.md)",
+    ),
+    (
+        Outcome.MISMATCH,
+        "Key reuse (mismatch)",
+        "the key was used with another request: `IdempotencyKeyMismatch`, never retried",
+    ),
+)
+
+#: The profile fields whose source notes belong to each group of the summary.
+_GROUP_FIELDS: Mapping[Outcome, tuple[str, ...]] = {
+    Outcome.FINAL: (),
+    Outcome.RETRYABLE: ("retryable", "retryable_statuses"),
+    Outcome.IN_PROGRESS: ("in_flight",),
+    Outcome.INDETERMINATE: ("indeterminate",),
+    Outcome.MISMATCH: ("mismatch",),
+}
+
 #: The key shown in examples (postonce mints a fresh UUIDv4 per intent).
 EXAMPLE_KEY = "8e03978e-40d5-43e8-bc93-6894a57f9324"
 #: Profile fields whose source note is shown beside the value rather than in the notes.
-_INLINE_NOTES = frozenset({"retention", "server_errors", "mismatch"})
+_INLINE_NOTES = frozenset(
+    {"retention", "server_errors", "mismatch", "in_flight", "retryable", "indeterminate"}
+)
 
 #: What each 5xx rule (``Provider.server_errors``) says, and what postonce does with it.
 SERVER_ERRORS: Mapping[str, str] = {
@@ -69,11 +111,13 @@ SERVER_ERRORS: Mapping[str, str] = {
     "replayed": (
         "the provider stores a 5xx produced while executing and replays it: **retryable** "
         "(the first 5xx may be a proxy's, or its result indeterminate) until an answer "
-        "carries the replay marker; that one is the answer stored for the key: **final**"
+        "carries the replay marker; that one is the answer stored for the key, and it does "
+        "not say whether the request took effect: **indeterminate**"
     ),
     "hint": (
         "the provider says to retry only when its retry hint header says `true`: a 5xx "
-        "without it is **final**"
+        "without it is not retried, and does not say whether the request took effect: "
+        "**indeterminate**"
     ),
     "undocumented": (
         "not documented: **retryable**, the safe reading (the same key again can only be "
@@ -83,6 +127,7 @@ SERVER_ERRORS: Mapping[str, str] = {
 }
 
 _SUCCESS = "`2xx`"
+_DASH = "\u2014"
 _SUCCESS_ACTION = (
     "**success**: stored and returned as the `httpx.Response`; the intent is `succeeded`"
 )
@@ -196,30 +241,74 @@ def _body(code: str | None) -> bytes:
     return json.dumps({"code": code} if code is not None else {}).encode()
 
 
-def _rule_label(rule: StatusRule, shadowed: bool) -> str:
+def _shape(rule: StatusRule) -> str:
     status = f"`{rule.status}`" if rule.status is not None else "any 4xx or 5xx"
     if rule.content_type is not None:
         status += f" as `{rule.content_type}`"
+    if rule.link_rel is not None:
+        status += f' with a `Link: <...>; rel="{rule.link_rel}"` header'
+    return status
+
+
+def _rule_label(rule: StatusRule, shadowed: bool) -> str:
+    status = _shape(rule)
     if rule.code is not None:
         return f"{status} with the error code `{rule.code}` in the body"
-    return f"{status} (any other body)" if shadowed else status
+    plain = rule.content_type is None and rule.link_rel is None
+    return f"{status} (any other body)" if shadowed and plain else status
+
+
+def _rules_label(rules: Iterable[StatusRule], shadowed: bool) -> str:
+    """One label for rules that differ only by code: ``... with an error code `A`, `B` ...``."""
+    rules = list(rules)
+    if len(rules) == 1 or any(r.code is None for r in rules):
+        return "; ".join(_rule_label(r, shadowed) for r in rules)
+    return f"{_shape(rules[0])} with one of the error codes {_code(r.code for r in rules)}"
+
+
+def _probe(
+    rule: StatusRule, headers: Mapping[str, str] | None = None
+) -> tuple[int, dict[str, str], bytes]:
+    """An answer that ``rule`` matches: its status (400 if any), media type, Link and code."""
+    status = rule.status if rule.status is not None else 400
+    extra = dict(headers or {})
+    if rule.content_type is not None:
+        extra["content-type"] = rule.content_type
+    if rule.link_rel is not None:
+        extra["link"] = f'<https://example.com/errors>; rel="{rule.link_rel}"'
+    return status, extra, _body(rule.code)
+
+
+def _grouped(rules: Iterable[StatusRule]) -> list[list[StatusRule]]:
+    """Rules gathered by everything but their code, in their order."""
+    groups: dict[tuple[int | None, str | None, str | None, bool], list[StatusRule]] = {}
+    for rule in rules:
+        key = (rule.status, rule.content_type, rule.link_rel, rule.code is None)
+        groups.setdefault(key, []).append(rule)
+    return list(groups.values())
 
 
 def answer_rows(provider: Provider) -> list[tuple[str, Outcome]]:
     """Each answer the profile singles out, and the outcome postonce's classifier gives it."""
     rows: list[tuple[str, Outcome]] = [(_SUCCESS, classify_response(200, {}, b"{}", provider))]
     coded: set[int | None] = set()
-    for rule in (*provider.mismatch, *provider.in_flight):
-        status = rule.status if rule.status is not None else 400
-        media = {"content-type": rule.content_type} if rule.content_type is not None else {}
-        outcome = classify_response(status, media, _body(rule.code), provider)
-        rows.append((_rule_label(rule, shadowed=rule.status in coded), outcome))
-        if rule.code is not None or rule.content_type is not None:
-            coded.add(rule.status)
+    singled = (
+        *provider.mismatch,
+        *provider.in_flight,
+        *provider.indeterminate,
+        *provider.retryable,
+    )
+    for kind in (provider.mismatch, provider.in_flight, provider.indeterminate, provider.retryable):
+        for group in _grouped(kind):
+            outcome = classify_response(*_probe(group[0]), provider)
+            rows.append((_rules_label(group, shadowed=group[0].status in coded), outcome))
+            for rule in group:
+                if rule.code is not None or rule.content_type is not None or rule.link_rel:
+                    coded.add(rule.status)
     plain = {
         r.status
-        for r in (*provider.mismatch, *provider.in_flight)
-        if r.code is None and r.content_type is None
+        for r in singled
+        if r.code is None and r.content_type is None and r.link_rel is None
     }
     for status in (400, 409, 422):
         if status not in plain:
@@ -252,13 +341,50 @@ def _hint_rows(provider: Provider) -> list[tuple[str, Outcome]]:
     if name is None:
         return []
     probe = 418  # an error status no profile singles out
-    return [
+    rows = [
         (
-            f"another 4xx or 5xx with `{name}: {value}`",
-            classify_response(probe, {name: value}, _body(None), provider),
-        )
-        for value in ("true", "false")
+            f"another 4xx or 5xx with `{name}: true`",
+            classify_response(probe, {name: "true"}, _body(None), provider),
+        ),
+        (
+            f"another 4xx with `{name}: false`",
+            classify_response(probe, {name: "false"}, _body(None), provider),
+        ),
+        (
+            f"a 5xx with `{name}: false`",
+            classify_response(599, {name: "false"}, _body(None), provider),
+        ),
     ]
+    for rule in provider.in_flight[:1]:  # the hint outranks every in-flight rule alike
+        status, headers, body = _probe(rule, {name: "false"})
+        label = f"an in-flight answer ({_rule_label(rule, False)}) with `{name}: false`"
+        seen = classify_response(status, headers, body, provider, key_seen=True)
+        fresh = classify_response(status, headers, body, provider, key_seen=False)
+        rows.append((f"{label}, after an attempt with the key may have reached the server", seen))
+        rows.append((f"{label}, to the first send of a fresh key", fresh))
+    return rows
+
+
+def summary(provider: Provider, notes: Notes | None = None) -> list[str]:
+    """The page's answers gathered by what postonce does with them, with the profile's notes."""
+    notes = notes if notes is not None else Notes()
+    by_outcome: dict[Outcome, list[str]] = {}
+    for label, outcome in (*answer_rows(provider), *_hint_rows(provider)):
+        by_outcome.setdefault(outcome, []).append(label)
+    out = [
+        "| what postonce does | answers under this profile | the profile's notes |",
+        "| --- | --- | --- |",
+    ]
+    for outcome, heading, action in GROUPS:
+        labels = by_outcome.get(outcome, [])
+        said = [
+            f"`{name}`: {notes.fields[name]}"
+            for name in _GROUP_FIELDS[outcome]
+            if name in notes.fields
+        ]
+        answers = "; ".join(labels) or "none"
+        out.append(f"| **{heading}**: {action} | {answers} | {'; '.join(said) or _DASH} |")
+    return out
 
 
 # -- pages --------------------------------------------------------------------------------
@@ -368,11 +494,21 @@ def render(provider: Provider, policy: RetryPolicy | None = None) -> str:
 
     # Answers
     out += [
+        "## Answers at a glance",
+        "",
+        "Every answer this profile singles out, gathered by what postonce does with it. "
+        "Each is read by postonce's own classifier; the facts behind them are the "
+        "profile's, from the [sources](#sources) below.",
+        "",
+        *summary(p, notes),
+        "",
         "## What each answer means, and what postonce does",
         "",
         "Read by postonce's classifier under this profile, in this order: key-reuse "
-        "answers, in-flight answers, the retry hint, the retryable statuses; anything else "
-        "is a final answer.",
+        "answers; in-flight answers (unless the retry hint says `false`); the retry hint "
+        "saying `true`; answers documented as leaving the outcome unknown; the retry hint "
+        "saying `false`; retried answers and statuses; the 5xx rule. Anything else is a "
+        "final answer.",
         "",
         "| answer | postonce reads it as |",
         "| --- | --- |",
@@ -421,7 +557,9 @@ def render(provider: Provider, policy: RetryPolicy | None = None) -> str:
         ".replayed` is always `False`"
     )
     hint = (
-        f"`{p.retry_hint_header}: true` / `false` overrides the retryable statuses"
+        f"`{p.retry_hint_header}: true` retries with the same key; `false` stops retries, an "
+        "in-flight answer's too (indeterminate for a 5xx or a key an earlier attempt may "
+        "hold, final otherwise); only a key-reuse answer outranks it"
         if p.retry_hint_header
         else "none"
     )

@@ -2,13 +2,44 @@
 
 from __future__ import annotations
 
+import json
+from datetime import timedelta
+
 import httpcore
 import httpx
 import pytest
 
-from postonce._classify import classify_exception, classify_response, error_codes, is_replay
+from postonce._classify import (
+    classify_exception,
+    classify_response,
+    error_codes,
+    is_replay,
+    link_rels,
+)
 from postonce._intent import Outcome
-from postonce.providers import BUILTIN_PROVIDERS
+from postonce.providers import BUILTIN_PROVIDERS, Provider, StatusRule
+
+#: The codes botocore's standard retry mode retries whatever the status
+#: (github.com/boto/botocore botocore/retries/standard.py), copied here so a change to
+#: the profile's list has to be made twice.
+AWS_RETRYABLE = (
+    "RequestTimeout",
+    "RequestTimeoutException",
+    "PriorRequestNotComplete",
+    "Throttling",
+    "ThrottlingException",
+    "ThrottledException",
+    "RequestThrottledException",
+    "TooManyRequestsException",
+    "ProvisionedThroughputExceededException",
+    "TransactionInProgressException",
+    "RequestLimitExceeded",
+    "BandwidthLimitExceeded",
+    "LimitExceededException",
+    "RequestThrottled",
+    "SlowDown",
+    "EC2ThrottledException",
+)
 
 REQUEST = httpx.Request("POST", "http://x")
 
@@ -155,7 +186,7 @@ AWS_OTHER = AWS_MISMATCH.replace(b"IdempotentParameterMismatch", b"InvalidParame
             500,
             {"Idempotent-Replayed": "true"},
             b"",
-            Outcome.FINAL,
+            Outcome.INDETERMINATE,
             id="stripe-500-replayed",
         ),
         pytest.param("stripe", 201, {}, b'{"id":"ch_1"}', Outcome.FINAL, id="stripe-201"),
@@ -167,8 +198,32 @@ AWS_OTHER = AWS_MISMATCH.replace(b"IdempotentParameterMismatch", b"InvalidParame
             503,
             {"Stripe-Should-Retry": "false"},
             b"",
-            Outcome.FINAL,
+            Outcome.INDETERMINATE,
             id="stripe-503-hint-false",
+        ),
+        pytest.param(
+            "stripe",
+            500,
+            {"Stripe-Should-Retry": "false"},
+            b'{"error":{"type":"api_error"}}',
+            Outcome.INDETERMINATE,
+            id="stripe-500-hint-false",
+        ),
+        pytest.param(
+            "stripe",
+            429,
+            {"Stripe-Should-Retry": "false"},
+            b"",
+            Outcome.FINAL,
+            id="stripe-429-hint-false-4xx-stays-final",
+        ),
+        pytest.param(
+            "stripe",
+            400,
+            {"Stripe-Should-Retry": "false", "Idempotent-Replayed": "true"},
+            b'{"error":{"type":"invalid_request_error"}}',
+            Outcome.FINAL,
+            id="stripe-400-replayed-4xx-stays-final",
         ),
         pytest.param(
             "stripe",
@@ -207,8 +262,16 @@ AWS_OTHER = AWS_MISMATCH.replace(b"IdempotentParameterMismatch", b"InvalidParame
             409,
             {"Stripe-Should-Retry": "false"},
             b"",
+            Outcome.INDETERMINATE,
+            id="stripe-409-hint-false-not-retried",
+        ),
+        pytest.param(
+            "stripe",
+            409,
+            {"Stripe-Should-Retry": "true"},
+            b"",
             Outcome.IN_PROGRESS,
-            id="stripe-hint-never-overrides-in-flight",
+            id="stripe-409-hint-true-waits",
         ),
         pytest.param(
             "stripe",
@@ -248,10 +311,26 @@ AWS_OTHER = AWS_MISMATCH.replace(b"IdempotentParameterMismatch", b"InvalidParame
             503,
             {"transient-error": "false"},
             b"",
-            Outcome.FINAL,
+            Outcome.INDETERMINATE,
             id="adyen-503-not-transient",
         ),
-        pytest.param("adyen", 500, {}, b"", Outcome.FINAL, id="adyen-500"),
+        pytest.param("adyen", 500, {}, b"", Outcome.INDETERMINATE, id="adyen-500-no-hint"),
+        pytest.param(
+            "adyen",
+            409,
+            {"transient-error": "false"},
+            b"",
+            Outcome.INDETERMINATE,
+            id="adyen-409-not-transient",
+        ),
+        pytest.param(
+            "adyen",
+            400,
+            {"transient-error": "false"},
+            b'{"errorCode":"702"}',
+            Outcome.FINAL,
+            id="adyen-400-not-transient-stays-final",
+        ),
         pytest.param("adyen", 409, {}, b"", Outcome.IN_PROGRESS, id="adyen-409"),
         # Increase
         pytest.param(
@@ -309,6 +388,38 @@ AWS_OTHER = AWS_MISMATCH.replace(b"IdempotentParameterMismatch", b"InvalidParame
             id="aws-400-json-mismatch",
         ),
         pytest.param("aws_client_token", 400, {}, AWS_OTHER, Outcome.FINAL, id="aws-400-xml-other"),
+        pytest.param(
+            "aws_client_token",
+            400,
+            {},
+            AWS_MISMATCH.replace(b"IdempotentParameterMismatch", b"RequestLimitExceeded"),
+            Outcome.RETRYABLE,
+            id="aws-400-xml-throttled",
+        ),
+        pytest.param(
+            "aws_client_token",
+            400,
+            {},
+            b'{"__type":"com.amazon.coral.availability#ThrottlingException","message":"x"}',
+            Outcome.RETRYABLE,
+            id="aws-400-json-qualified-throttled",
+        ),
+        pytest.param(
+            "aws_client_token",
+            400,
+            {},
+            AWS_OTHER.replace(b"reused", b"ThrottlingConfig is not valid"),
+            Outcome.FINAL,
+            id="aws-400-code-as-part-of-a-word-is-not-it",
+        ),
+        pytest.param(
+            "aws_client_token",
+            503,
+            {},
+            b"<Error><Code>SlowDown</Code></Error>",
+            Outcome.RETRYABLE,
+            id="aws-503-slowdown",
+        ),
         # Razorpay
         pytest.param(
             "razorpay_payouts",
@@ -340,6 +451,42 @@ AWS_OTHER = AWS_MISMATCH.replace(b"IdempotentParameterMismatch", b"InvalidParame
         ),
         pytest.param("ietf_draft", 409, {}, b"", Outcome.IN_PROGRESS, id="ietf-409"),
         pytest.param("ietf_draft", 400, {}, b"", Outcome.FINAL, id="ietf-400"),
+        pytest.param(
+            "ietf_draft",
+            422,
+            {
+                "Link": '<https://developer.example.com/idempotency>; rel="describedby"; '
+                'type="text/html"'
+            },
+            b"",
+            Outcome.MISMATCH,
+            id="ietf-422-link-describedby",
+        ),
+        pytest.param(
+            "ietf_draft",
+            422,
+            {"Link": "<https://developer.example.com/errors>; rel=help"},
+            b"",
+            Outcome.FINAL,
+            id="ietf-422-link-other-rel",
+        ),
+        pytest.param(
+            "ietf_draft",
+            500,
+            {"X-Idempotent-Replayed": "true"},
+            b"",
+            Outcome.INDETERMINATE,
+            id="ietf-500-replayed",
+        ),
+        pytest.param("ietf_draft", 500, {}, b"", Outcome.RETRYABLE, id="ietf-500-unmarked"),
+        pytest.param(
+            "lithic",
+            500,
+            {"Idempotent-Replayed": "true"},
+            b"",
+            Outcome.INDETERMINATE,
+            id="lithic-500-replayed",
+        ),
     ],
 )
 def test_classify_response(
@@ -360,6 +507,16 @@ def test_classify_response(
         pytest.param(b'{"message":"code"}', frozenset(), id="other-keys-ignored"),
         pytest.param(
             b'{"a":{"b":{"c":{"d":{"e":{"code":"deep"}}}}}}', frozenset(), id="beyond-depth"
+        ),
+        pytest.param(
+            b'{"__type":"com.amazonaws.dynamodb.v20120810#ProvisionedThroughputExceededException"}',
+            frozenset(
+                {
+                    "com.amazonaws.dynamodb.v20120810#ProvisionedThroughputExceededException",
+                    "ProvisionedThroughputExceededException",
+                }
+            ),
+            id="aws-qualified-type",
         ),
     ],
 )
@@ -475,21 +632,22 @@ def test_key_reuse_needs_a_key_the_server_may_have_seen(
 #: key already seen by the server (a retry). "500r": a 500 marked as a replay.
 MATRIX: dict[str, dict[str, Outcome]] = {}
 R, F, M, W = Outcome.RETRYABLE, Outcome.FINAL, Outcome.MISMATCH, Outcome.IN_PROGRESS
+I = Outcome.INDETERMINATE  # noqa: E741 - one letter, like its neighbours in the table
 _COLUMNS = ("409", "422", "400+code", "429", "500", "500r", "502", "503", "504")
 for _name, _row in {
-    "stripe": (W, F, M, R, R, F, R, R, R),
-    "adyen": (W, F, F, R, F, F, R, R, R),
+    "stripe": (W, F, M, R, R, I, R, R, R),
+    "adyen": (W, F, F, R, I, I, R, R, R),
     "checkout": (W, F, F, R, R, R, R, R, R),
     "mollie": (W, F, F, R, R, R, R, R, R),
     "modern_treasury": (W, F, F, R, R, R, R, R, R),
     "increase": (W, F, F, R, R, R, R, R, R),
-    "lithic": (W, F, F, R, R, F, R, R, R),
+    "lithic": (W, F, F, R, R, I, R, R, R),
     "paypal_orders": (W, F, F, R, R, R, R, R, R),
     "razorpay_payouts": (W, F, F, R, R, R, R, R, R),
     "square": (W, F, M, R, R, R, R, R, R),
     "aws_client_token": (W, F, M, R, R, R, R, R, R),
     "google_request_id": (W, F, F, R, R, R, R, R, R),
-    "ietf_draft": (W, M, F, R, R, F, R, R, R),
+    "ietf_draft": (W, M, F, R, R, I, R, R, R),
 }.items():
     MATRIX[_name] = dict(zip(_COLUMNS, _row, strict=True))
 
@@ -528,3 +686,127 @@ def test_profile_by_answer_matrix(provider: str) -> None:
         for column in _COLUMNS
     }
     assert got == MATRIX[provider]
+
+
+# -- hint false beats in flight; documented "outcome unknown"; retried codes ----------------
+
+
+@pytest.mark.parametrize(
+    ("provider", "headers"),
+    [
+        pytest.param("stripe", {"Stripe-Should-Retry": "false"}, id="stripe"),
+        pytest.param("adyen", {"transient-error": "false"}, id="adyen"),
+    ],
+)
+def test_in_flight_with_a_false_hint_is_not_retried(provider: str, headers: dict[str, str]) -> None:
+    """In flight + hint false: indeterminate if the key may be in use by us, else final."""
+    profile = BUILTIN_PROVIDERS[provider]
+    answer = (409, httpx.Headers(headers), b'{"error":{"code":"idempotency_key_in_use"}}')
+    seen = classify_response(*answer, profile, key_seen=True)
+    fresh = classify_response(*answer, profile, key_seen=False)
+    assert (seen, fresh) == (Outcome.INDETERMINATE, Outcome.FINAL)
+
+
+LEDGER = Provider(
+    name="ledger",
+    retention=timedelta(hours=48),
+    mismatch=(StatusRule(status=422, code="key_reused"),),
+    retryable=(StatusRule(status=400, code="ledger_locked"),),
+    indeterminate=(
+        StatusRule(status=500, code="outcome_unknown"),
+        StatusRule(status=408, code="gave_up_waiting"),
+    ),
+    retry_hint_header="X-Should-Retry",
+)
+
+
+@pytest.mark.parametrize(
+    ("status", "headers", "code", "expected"),
+    [
+        pytest.param(500, {}, "outcome_unknown", Outcome.INDETERMINATE, id="indeterminate-5xx"),
+        pytest.param(408, {}, "gave_up_waiting", Outcome.INDETERMINATE, id="indeterminate-4xx"),
+        pytest.param(500, {}, "other", Outcome.RETRYABLE, id="other-500-undocumented"),
+        pytest.param(408, {}, "other", Outcome.FINAL, id="other-408"),
+        pytest.param(
+            500,
+            {"X-Should-Retry": "true"},
+            "outcome_unknown",
+            Outcome.RETRYABLE,
+            id="hint-true-retries-an-indeterminate-answer",
+        ),
+        pytest.param(
+            408,
+            {"X-Should-Retry": "false"},
+            "gave_up_waiting",
+            Outcome.INDETERMINATE,
+            id="hint-false-keeps-it-indeterminate",
+        ),
+        pytest.param(400, {}, "ledger_locked", Outcome.RETRYABLE, id="retryable-code"),
+        pytest.param(400, {}, "other", Outcome.FINAL, id="other-400"),
+        pytest.param(
+            400,
+            {"X-Should-Retry": "false"},
+            "ledger_locked",
+            Outcome.FINAL,
+            id="hint-false-beats-a-retryable-rule",
+        ),
+        pytest.param(
+            422,
+            {"X-Should-Retry": "true"},
+            "key_reused",
+            Outcome.MISMATCH,
+            id="nothing-beats-mismatch",
+        ),
+    ],
+)
+def test_custom_profile_rules(
+    status: int, headers: dict[str, str], code: str, expected: Outcome
+) -> None:
+    """A custom profile's indeterminate and retryable rules, read after the hint's verdict."""
+    body = json.dumps({"error": {"code": code}}).encode()
+    assert classify_response(status, httpx.Headers(headers), body, LEDGER) is expected
+
+
+@pytest.mark.parametrize("code", AWS_RETRYABLE)
+def test_aws_standard_mode_codes_are_retried(code: str) -> None:
+    """Every code botocore's standard mode retries is RETRYABLE as a 400, XML or JSON."""
+    profile = BUILTIN_PROVIDERS["aws_client_token"]
+    xml = AWS_MISMATCH.replace(b"IdempotentParameterMismatch", code.encode())
+    as_json = json.dumps({"__type": code, "message": "slow down"}).encode()
+    for body in (xml, as_json):
+        assert classify_response(400, httpx.Headers(), body, profile) is Outcome.RETRYABLE
+
+
+def test_aws_mismatch_still_wins_over_retryable_codes() -> None:
+    """A key-reuse answer is never retried, even one that also names a throttling code."""
+    profile = BUILTIN_PROVIDERS["aws_client_token"]
+    body = AWS_MISMATCH.replace(b"<Message>reused</Message>", b"<Message>Throttling</Message>")
+    assert classify_response(400, httpx.Headers(), body, profile) is Outcome.MISMATCH
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        pytest.param('<https://x/idem>; rel="describedby"', {"describedby"}, id="quoted"),
+        pytest.param("<https://x/idem>; rel=DescribedBy", {"describedby"}, id="bare-case"),
+        pytest.param(
+            '<https://x/a>; rel="help", <https://x/b>; type="text/html"; rel="describedby"',
+            {"help", "describedby"},
+            id="two-links",
+        ),
+        pytest.param('<https://x/a>; rel="describedby help"', {"describedby", "help"}, id="multi"),
+        pytest.param('<https://x/a;rel=fake>; title="rel=describedby"', set(), id="no-rel-param"),
+        pytest.param("", set(), id="empty"),
+    ],
+)
+def test_link_rels(value: str, expected: set[str]) -> None:
+    """A Link header's relation types are read from each link-value's rel parameter."""
+    assert link_rels(httpx.Headers({"Link": value} if value else {})) == expected
+
+
+def test_link_rels_of_repeated_link_headers() -> None:
+    """Link headers sent twice are read as one list (httpx joins them with a comma)."""
+    headers = httpx.Headers(
+        [("Link", "<https://x/a>; rel=help"), ("Link", "<https://x/b>; rel=describedby")]
+    )
+    assert link_rels(headers) == {"help", "describedby"}

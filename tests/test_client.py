@@ -365,13 +365,12 @@ def test_hostile_retry_after_is_capped(make_client: ClientFactory) -> None:
     assert len(rec.requests) == 1
 
 
-def test_stripe_should_retry_false_makes_a_503_final(make_client: ClientFactory) -> None:
-    """Stripe-Should-Retry: false is a final answer under the stripe profile."""
+def test_stripe_should_retry_false_makes_a_503_indeterminate(make_client: ClientFactory) -> None:
+    """Stripe-Should-Retry: false on a 503 is not retried, and leaves the effect unknown."""
     rec = Recorder(httpx.Response(503, headers={"Stripe-Should-Retry": "false"}))
-    response = make_client(provider="stripe", transport=rec.transport).post_once(
-        "/c", json={}, intent="o-18"
-    )
-    assert response.status_code == 503
+    client = make_client(provider="stripe", transport=rec.transport)
+    with pytest.raises(postonce.IntentIndeterminate):
+        client.post_once("/c", json={}, intent="o-18")
     assert len(rec.requests) == 1
 
 

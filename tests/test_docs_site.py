@@ -92,7 +92,7 @@ def test_answer_table_is_read_through_the_classifier() -> None:
     assert "| `400` with the error code `idempotency_error` in the body | **key reused" in page
     assert "| `429`, `502`, `503`, `504` | **retryable**" in page
     assert "| `500` | **retryable**" in page
-    assert "| `500` with `Idempotent-Replayed: true` | **final answer**" in page
+    assert "| `500` with `Idempotent-Replayed: true` | **indeterminate**" in page
     assert 'a 5xx (`server_errors="replayed"`)' in page
     assert "`Stripe-Should-Retry: true` | **retryable**" in page
 

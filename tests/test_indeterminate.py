@@ -14,8 +14,16 @@ from typing import Any
 import pytest
 
 import postonce
-from postonce import IntentIndeterminate, IntentResolved, Resolution, Settlement, State
-from tests.conftest import FAST, OutboxUnderTest, _serve
+from postonce import (
+    EndDetail,
+    Hooks,
+    IntentIndeterminate,
+    IntentResolved,
+    Resolution,
+    Settlement,
+    State,
+)
+from tests.conftest import FAST, ClientFactory, OutboxUnderTest, _serve
 from tests.provider_emulators import Emulator
 
 
@@ -60,38 +68,44 @@ def _client(url: str, outbox: OutboxUnderTest | Path, shop: Shop, **kwargs: Any)
 )
 def test_a_stored_500_is_reconciled_and_settled_once(
     stripe_api: tuple[Emulator, str],
-    outbox: OutboxUnderTest,
+    make_client: ClientFactory,
     script: dict[str, Any],
     requests: int,
 ) -> None:
     """Stripe's stored 500 ends indeterminate, not failed; the reconciler's answer settles once."""
     app, url = stripe_api
     shop = Shop(Resolution.succeeded("charge found by metadata"))
-    with _client(url, outbox, shop, reconcile=shop.reconcile) as client:
-        with pytest.raises(IntentIndeterminate) as raised:
-            client.post_once("/v1/charges", json=script, intent="order-1/charge")
-        key = raised.value.key
-        assert raised.value.response is not None
-        assert raised.value.response.status_code == 500
-        record = client.lookup("order-1/charge")
-        assert record is not None
-        assert record.state is State.INDETERMINATE
-        assert shop.settlements == []  # a reconciler is set: it speaks first
+    ended: list[EndDetail] = []
+    client = make_client(
+        url,
+        provider="stripe",
+        on_settled=shop.on_settled,
+        reconcile=shop.reconcile,
+        hooks=Hooks(on_end=ended.append),
+    )
+    with pytest.raises(IntentIndeterminate) as raised:
+        client.post_once("/v1/charges", json=script, intent="order-1/charge")
+    key = raised.value.key
+    assert raised.value.response is not None
+    assert raised.value.response.status_code == 500
+    assert [d.state for d in ended] == [State.INDETERMINATE]
+    record = client.lookup("order-1/charge")
+    assert record is not None
+    assert record.state is State.INDETERMINATE
+    assert shop.settlements == []  # a reconciler is set: it speaks first
 
-        report = client.drain()
-        assert shop.asked == ["order-1/charge"]
-        assert report.reconciled == 1
-        assert [(s.intent, s.state) for s in shop.settlements] == [
-            ("order-1/charge", State.SUCCEEDED)
-        ]
+    report = client.drain()
+    assert shop.asked == ["order-1/charge"]
+    assert report.reconciled == 1
+    assert [(s.intent, s.state) for s in shop.settlements] == [("order-1/charge", State.SUCCEEDED)]
 
-        client.drain()  # a second pass neither asks again nor settles again
-        assert shop.asked == ["order-1/charge"]
-        assert len(shop.settlements) == 1
+    client.drain()  # a second pass neither asks again nor settles again
+    assert shop.asked == ["order-1/charge"]
+    assert len(shop.settlements) == 1
 
-        with pytest.raises(IntentResolved) as again:
-            client.post_once("/v1/charges", json=script, intent="order-1/charge")
-        assert again.value.state == "succeeded"
+    with pytest.raises(IntentResolved) as again:
+        client.post_once("/v1/charges", json=script, intent="order-1/charge")
+    assert again.value.state == "succeeded"
     assert app.requests[key] == requests  # nothing was sent after the replayed 500
     assert app.effects[key] == 1
 

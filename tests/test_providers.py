@@ -79,6 +79,45 @@ def test_get_provider_by_name(name: str) -> None:
     assert get_provider(name) is BUILTIN_PROVIDERS[name]
 
 
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        pytest.param("Stripe", "stripe", id="capitalised"),
+        pytest.param("STRIPE", "stripe", id="upper"),
+        pytest.param("PayPal_Orders", "paypal_orders", id="mixed"),
+        pytest.param("AWS_Client_Token", "aws_client_token", id="aws"),
+    ],
+)
+def test_get_provider_ignores_letter_case(name: str, expected: str) -> None:
+    """A built-in name in any letter case returns that built-in profile itself."""
+    assert get_provider(name) is BUILTIN_PROVIDERS[expected]
+
+
+@pytest.mark.parametrize(
+    ("name", "suggested"),
+    [
+        pytest.param("strpie", "stripe", id="typo"),
+        pytest.param("paypal-orders", "paypal_orders", id="dash"),
+        pytest.param("Adyn", "adyen", id="case-and-typo"),
+    ],
+)
+def test_get_provider_unknown_suggests_the_closest_name(name: str, suggested: str) -> None:
+    """An unknown name close to a built-in one is answered with that name, and the full list."""
+    with pytest.raises(UnknownProvider) as info:
+        get_provider(name)
+    message = str(info.value)
+    assert f"did you mean {suggested!r}?" in message
+    assert all(known in message for known in BUILTIN_PROVIDERS)
+
+
+def test_get_provider_unknown_without_a_close_name_suggests_nothing() -> None:
+    """A name like no built-in one gets no suggestion, only the list."""
+    with pytest.raises(UnknownProvider) as info:
+        get_provider("zzzzzzzz")
+    assert "did you mean" not in str(info.value)
+    assert "known: " in str(info.value)
+
+
 def test_get_provider_passes_custom_profile_through() -> None:
     """A Provider instance comes back as the very same object."""
     custom = Provider(
@@ -121,6 +160,8 @@ BASE: dict[str, Any] = {"name": "custom", "retention": timedelta(hours=1)}
         pytest.param({"retention": timedelta(seconds=-1)}, id="negative-retention"),
         pytest.param({"in_flight": [{}]}, id="empty-in-flight-rule"),
         pytest.param({"mismatch": [{"status": None, "code": None}]}, id="empty-mismatch-rule"),
+        pytest.param({"retryable": [{}]}, id="empty-retryable-rule"),
+        pytest.param({"indeterminate": [{"link_rel": "describedby"}]}, id="link-rel-only-rule"),
         pytest.param({"key_transport": "query"}, id="unknown-transport"),
         pytest.param({"unknown": 1}, id="unknown-field"),
     ],
@@ -231,3 +272,35 @@ def test_provider_identity_of_a_thawed_subclass_follows_its_facts() -> None:
     before = provider_identity(profile)
     profile.key_field = "X-Other-Key"
     assert provider_identity(profile) != before
+
+
+def test_aws_retries_botocore_standard_mode_codes() -> None:
+    """aws_client_token retries (same token) every code botocore's standard mode retries."""
+    from tests.test_classify import AWS_RETRYABLE
+
+    profile = BUILTIN_PROVIDERS["aws_client_token"]
+    assert {rule.code for rule in profile.retryable} == set(AWS_RETRYABLE)
+    assert all(rule.status is None for rule in profile.retryable)  # whatever the status
+    assert any("botocore" in source for source in profile.sources)
+
+
+def test_ietf_draft_knows_both_key_reuse_shapes() -> None:
+    """ietf_draft's key reuse is a 422 as problem+json or with a Link rel="describedby"."""
+    rules = BUILTIN_PROVIDERS["ietf_draft"].mismatch
+    assert StatusRule(status=422, content_type="application/problem+json") in rules
+    assert StatusRule(status=422, link_rel="describedby") in rules
+
+
+def test_custom_profile_takes_retryable_and_indeterminate_rules() -> None:
+    """A custom profile names answers to retry and answers that leave the outcome unknown."""
+    provider = Provider.model_validate(
+        {
+            **BASE,
+            "retryable": [{"status": 400, "code": "locked"}],
+            "indeterminate": [{"status": 500, "code": "outcome_unknown"}],
+        }
+    )
+    assert provider.retryable == (StatusRule(status=400, code="locked"),)
+    assert provider.indeterminate == (StatusRule(status=500, code="outcome_unknown"),)
+    assert Provider.model_validate(BASE).retryable == ()
+    assert Provider.model_validate(BASE).indeterminate == ()

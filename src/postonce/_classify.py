@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from collections.abc import Iterable, Mapping
 
 from ._intent import Outcome
@@ -15,6 +16,7 @@ __all__ = [
     "error_codes",
     "from_connection_layer",
     "is_replay",
+    "link_rels",
 ]
 
 # httpcore raises these only before it writes a request: while waiting for a
@@ -25,6 +27,10 @@ _CODE_KEYS = frozenset(
     {"code", "type", "reason", "errorCode", "error_code", "errorType", "__type", "Code"}
 )
 _SCAN_LIMIT = 65536
+# One link-value of a Link header (RFC 8288): <target> then its parameters, up to the
+# next link-value; and a rel parameter, quoted or not, in those parameters.
+_LINK_VALUE = re.compile(r"<[^>]*>([^<]*)")
+_REL = re.compile(r';\s*rel\s*=\s*(?:"([^"]*)"|([^\s;,"]+))', re.IGNORECASE)
 
 
 def _top(obj: object) -> str:
@@ -73,6 +79,10 @@ def _walk(node: object, depth: int) -> Iterable[str]:
         for name, value in node.items():
             if name in _CODE_KEYS and isinstance(value, str | int) and not isinstance(value, bool):
                 yield str(value)
+                if name == "__type" and isinstance(value, str) and "#" in value:
+                    # AWS JSON protocols qualify the code with its namespace:
+                    # "com.amazon.coral.availability#ThrottlingException".
+                    yield value.rpartition("#")[2]
             yield from _walk(value, depth + 1)
     elif isinstance(node, list):
         for item in node[:16]:
@@ -93,6 +103,35 @@ def _media_type(headers: Mapping[str, str]) -> str:
     return (headers.get("content-type") or "").partition(";")[0].strip().lower()
 
 
+def link_rels(headers: Mapping[str, str]) -> frozenset[str]:
+    """The relation types of the answer's ``Link`` header(s), lower-cased.
+
+    ``Link: <https://example.com/idempotency>; rel="describedby"; type="text/html"``
+    gives ``{"describedby"}``; a ``rel`` naming several types gives each.
+    """
+    value = headers.get("link")
+    if not value:
+        return frozenset()
+    rels: set[str] = set()
+    for params in _LINK_VALUE.findall(value):
+        for quoted, bare in _REL.findall(params):
+            rels.update((quoted or bare).lower().split())
+    return frozenset(rels)
+
+
+def _in_text(code: str, text: str) -> bool:
+    """Whether ``code`` is a whole word of ``text`` (``<Code>Throttling</Code>``), not a part."""
+    start = text.find(code)
+    while start >= 0:
+        end = start + len(code)
+        before = text[start - 1] if start else " "
+        after = text[end] if end < len(text) else " "
+        if not (before.isalnum() or before == "_") and not (after.isalnum() or after == "_"):
+            return True
+        start = text.find(code, start + 1)
+    return False
+
+
 def _matches(
     rule: StatusRule, status: int, codes: frozenset[str] | str, headers: Mapping[str, str]
 ) -> bool:
@@ -100,8 +139,12 @@ def _matches(
         return False
     if rule.content_type is not None and _media_type(headers) != rule.content_type.lower():
         return False
+    if rule.link_rel is not None and rule.link_rel.lower() not in link_rels(headers):
+        return False
     if rule.code is None:
         return True
+    if isinstance(codes, str):
+        return _in_text(rule.code, codes)
     return rule.code in codes
 
 
@@ -126,8 +169,26 @@ def classify_response(
 ) -> Outcome:
     """An answer from the server, read through the provider's profile.
 
-    Order matters: a key-reuse answer is never retried, even where the retry
-    hint says otherwise; an in-flight answer always waits on the same key.
+    Order matters (the full table is in :class:`~postonce.providers.Provider`):
+
+    1. A key-reuse answer (``mismatch``) is MISMATCH, never retried, whatever
+       the retry hint says.
+    2. An in-flight answer waits on the same key (IN_PROGRESS), unless the
+       profile's retry hint header says ``false``: the provider asks not to
+       retry (stripe-python and stripe-node read Stripe-Should-Retry before
+       their 409 rule). Then it is INDETERMINATE when ``key_seen`` (the key is
+       in use by an earlier attempt of this intent, whose effect is unknown),
+       FINAL when not. This holds for every profile with a retry hint header.
+    3. A retry hint of ``true`` is RETRYABLE.
+    4. An answer the profile documents as "outcome unknown" (``indeterminate``)
+       is INDETERMINATE.
+    5. A retry hint of ``false`` ends the intent: INDETERMINATE for a 5xx (it
+       may have been executed; Stripe calls a 500 indeterminate), FINAL below.
+    6. The profile's ``retryable`` rules, then its retryable statuses: RETRYABLE.
+    7. Any other 5xx, by ``server_errors``: RETRYABLE, or INDETERMINATE where it
+       ends the intent without proving the effect absent (a replayed 5xx; a 5xx
+       without a true hint under ``"hint"``).
+    8. Anything else, 2xx and 4xx (the provider said no), is FINAL.
 
     ``key_seen``: an earlier attempt with this key may have reached the server
     (it was ambiguous, or answered). Only then can the key have been used
@@ -136,30 +197,55 @@ def classify_response(
     """
     if status < 400:  # the common case: no rule or hint applies below 400
         return Outcome.RETRYABLE if status in provider.retryable_statuses else Outcome.FINAL
-    needs_body = any(r.code is not None for r in (*provider.mismatch, *provider.in_flight))
-    codes: frozenset[str] | str = error_codes(body) if needs_body else ""
-    if key_seen and any(_matches(rule, status, codes, headers) for rule in provider.mismatch):
+    codes: frozenset[str] | str = error_codes(body) if _needs_body(provider) else ""
+    if key_seen and _any(provider.mismatch, status, codes, headers):
         return Outcome.MISMATCH
-    if any(_matches(rule, status, codes, headers) for rule in provider.in_flight):
-        return Outcome.IN_PROGRESS
+    hint = None
     if provider.retry_hint_header is not None:
         hint = _truthy(headers.get(provider.retry_hint_header))
-        if hint is not None:
-            return Outcome.RETRYABLE if hint else Outcome.FINAL
-    if status in provider.retryable_statuses:
+    if _any(provider.in_flight, status, codes, headers):
+        if hint is False:
+            return Outcome.INDETERMINATE if key_seen else Outcome.FINAL
+        return Outcome.IN_PROGRESS
+    if hint is True:
+        return Outcome.RETRYABLE
+    if _any(provider.indeterminate, status, codes, headers):
+        return Outcome.INDETERMINATE
+    if hint is False:
+        return Outcome.INDETERMINATE if status >= 500 else Outcome.FINAL
+    if status in provider.retryable_statuses or _any(provider.retryable, status, codes, headers):
         return Outcome.RETRYABLE
     if status >= 500:
         return _server_error(headers, provider)
     return Outcome.FINAL
 
 
+def _any(
+    rules: tuple[StatusRule, ...],
+    status: int,
+    codes: frozenset[str] | str,
+    headers: Mapping[str, str],
+) -> bool:
+    return any(_matches(rule, status, codes, headers) for rule in rules)
+
+
+def _needs_body(provider: Provider) -> bool:
+    """Whether any of the profile's rules reads an error code (else the body is not parsed)."""
+    rules = (*provider.mismatch, *provider.in_flight, *provider.indeterminate, *provider.retryable)
+    return any(rule.code is not None for rule in rules)
+
+
 def _server_error(headers: Mapping[str, str], provider: Provider) -> Outcome:
     """A 5xx no rule, hint or retryable status settled, read by the provider's 5xx rule."""
     rule = provider.server_errors
-    if rule == "hint":  # the hint was absent: the provider says not to retry
-        return Outcome.FINAL
+    if rule == "hint":
+        # The hint was absent: the provider says not to retry, and says nothing of
+        # whether the request was executed.
+        return Outcome.INDETERMINATE
     if rule == "replayed" and is_replay(headers, provider):
-        return Outcome.FINAL  # the answer stored for this key: no retry can change it
+        # The answer stored for this key: no retry can change it, and a 5xx stored
+        # while executing does not prove the effect absent.
+        return Outcome.INDETERMINATE
     return Outcome.RETRYABLE
 
 

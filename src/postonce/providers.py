@@ -4,7 +4,9 @@ A :class:`Provider` says how the key travels (a header or a JSON body field),
 which keys the API takes, how long it remembers a key (the floor of its
 documented retention, which bounds postonce's retry horizon), which answers
 mean "still in flight" or "key reused with another request", and how it marks
-replays. Built-in profiles are looked up by name; every fact cites its source.
+replays, which answers are retried with the same key although their status
+says otherwise, and which leave the effect unknown. Built-in profiles are looked
+up by name (case-insensitively); every fact cites its source.
 
 Where a provider does not document a fact, the profile takes the value that
 errs on the safe side and its docstring says so: a *shorter* retention (the
@@ -16,6 +18,7 @@ of the canonical UUIDv4 postonce mints), and "in flight" for an unexplained 409
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import re
@@ -41,6 +44,26 @@ __all__ = [
 _HOUR = 3600.0
 _DAY = 24 * _HOUR
 _UUID = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+#: The error codes the AWS SDKs' standard retry mode retries whatever their status
+#: (botocore/retries/standard.py: transient, then throttling codes).
+_AWS_RETRYABLE_CODES = (
+    "RequestTimeout",
+    "RequestTimeoutException",
+    "PriorRequestNotComplete",
+    "Throttling",
+    "ThrottlingException",
+    "ThrottledException",
+    "RequestThrottledException",
+    "TooManyRequestsException",
+    "ProvisionedThroughputExceededException",
+    "TransactionInProgressException",
+    "RequestLimitExceeded",
+    "BandwidthLimitExceeded",
+    "LimitExceededException",
+    "RequestThrottled",
+    "SlowDown",
+    "EC2ThrottledException",
+)
 
 
 class StatusRule(BaseModel):
@@ -48,10 +71,15 @@ class StatusRule(BaseModel):
 
     ``status=None`` matches any status; ``code=None`` matches any body. A code
     matches a string value under a key such as ``code``, ``type``, ``errorCode``
-    or ``reason`` anywhere in a JSON error body (or, for a body that is not
-    JSON, the code appearing in its text). ``content_type``, when set, must be
+    or ``reason`` anywhere in a JSON error body (an AWS ``__type`` such as
+    ``com.amazon.coral.availability#ThrottlingException`` also as the part after
+    ``#``), or, for a body that is not JSON, the code appearing in its text as a
+    whole word (``<Code>Throttling</Code>``). ``content_type``, when set, must be
     the answer's media type too (parameters such as ``charset`` ignored), e.g.
     ``application/problem+json`` for the error shape the IETF draft describes.
+    ``link_rel``, when set, the answer must carry a ``Link`` header with that
+    relation type (compared case-insensitively), e.g. ``describedby`` for the
+    draft's other error shape, ``Link: <https://...>; rel="describedby"``.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -59,6 +87,7 @@ class StatusRule(BaseModel):
     status: int | None = None
     code: str | None = None
     content_type: str | None = None
+    link_rel: str | None = None
 
     @model_validator(mode="after")
     def _not_empty(self) -> StatusRule:
@@ -75,6 +104,26 @@ ServerErrors = Literal["retry", "not_stored", "replayed", "hint", "undocumented"
 class Provider(BaseModel):
     """The idempotency contract of one API, as postonce needs to know it.
 
+    An answer of 400 or more is read in this order (``postonce._classify``):
+
+    1. ``mismatch``: the key was used with another request (believed only when
+       an earlier attempt with the key may have reached the server); never
+       retried, whatever the retry hint says.
+    2. ``in_flight``: an earlier request with the key is still running; wait and
+       send the same key again. If the retry hint says ``false``, the provider
+       asks not to: the intent ends *indeterminate* when an earlier attempt with
+       the key may have reached the server (its effect is unknown), *final* when
+       none can have.
+    3. The retry hint header (``retry_hint_header``) saying ``true``: retried with
+       the same key.
+    4. ``indeterminate``: answers the provider documents as "outcome unknown";
+       never retried, never called failed, reconciled.
+    5. The retry hint saying ``false``: a 5xx is indeterminate (it may have been
+       executed), any other answer final.
+    6. ``retryable`` rules, then ``retryable_statuses``: retried with the same key.
+    7. Any other 5xx: ``server_errors`` decides.
+    8. Anything else is a final answer.
+
     Example, a custom profile for an internal service:
 
     ```python
@@ -85,6 +134,8 @@ class Provider(BaseModel):
         retention=timedelta(hours=48),
         in_flight=(StatusRule(status=409),),
         mismatch=(StatusRule(status=422),),
+        retryable=(StatusRule(status=400, code="ledger_locked"),),
+        indeterminate=(StatusRule(status=500, code="outcome_unknown"),),
     )
     ```
     """
@@ -102,8 +153,18 @@ class Provider(BaseModel):
     key_pattern: str | None = None
     #: The floor of the provider's documented key retention.
     retention: timedelta
+    #: Answers meaning "a request with this key is still being processed": wait, same key.
     in_flight: tuple[StatusRule, ...] = (StatusRule(status=409),)
+    #: Answers meaning "this key was used with another request": never retried.
     mismatch: tuple[StatusRule, ...] = ()
+    #: Answers retried with the same key whatever their status says, matched by status
+    #: and/or error code: e.g. AWS's throttling errors, which arrive as a 400.
+    retryable: tuple[StatusRule, ...] = ()
+    #: Answers the provider documents as "outcome unknown": the request may or may not
+    #: have taken effect, and sending it again would not tell. Never retried and never
+    #: called failed: the intent ends ``indeterminate`` and is reconciled.
+    indeterminate: tuple[StatusRule, ...] = ()
+    #: Statuses retried with the same key when no rule above matched.
     retryable_statuses: frozenset[int] = frozenset({429, 502, 503, 504})
     #: What the provider documents about a 5xx answer, which decides how postonce
     #: reads one that no rule above and no retry hint settled:
@@ -113,9 +174,11 @@ class Provider(BaseModel):
     #:   and the same key is executed again: retryable.
     #: - ``"replayed"``: a 5xx produced while executing is stored and replayed: retryable
     #:   (the first 5xx may be a proxy's, or the result indeterminate), until an answer
-    #:   carries a replay marker (``replay_headers``): that is the stored answer, final.
+    #:   carries a replay marker (``replay_headers``): that is the stored answer, and
+    #:   it leaves the effect unknown: indeterminate (never retried, reconciled).
     #: - ``"hint"``: only the retry hint header (``retry_hint_header: true``) says retry;
-    #:   a 5xx without it is final, as the provider documents.
+    #:   a 5xx without it is not retried, as the provider documents, and leaves the
+    #:   effect unknown: indeterminate.
     #: - ``"undocumented"``: retryable, the safe reading: the same key again can only be
     #:   deduplicated or answered alike, while a caller handed a 5xx might retry with a
     #:   new key and pay twice.
@@ -124,7 +187,9 @@ class Provider(BaseModel):
     server_errors: ServerErrors = "undocumented"
     #: Headers whose value ``true`` marks an answer as a replay.
     replay_headers: tuple[str, ...] = ("Idempotent-Replayed",)
-    #: A header saying ``true``/``false`` whether to retry, which overrides the status table.
+    #: A header saying ``true``/``false`` whether to retry. It overrides every rule but
+    #: ``mismatch``: ``true`` retries with the same key (even an ``indeterminate`` rule's
+    #: answer); ``false`` stops retries, even of an in-flight answer (see the order above).
     retry_hint_header: str | None = None
     #: Request headers that carry this provider's credentials besides ``Authorization``
     #: (which is always secret): never stored, compared only as a slow hash for the
@@ -155,10 +220,12 @@ def _profiles() -> dict[str, Provider]:
     stripe = Provider(
         # Stripe API v1. Key charset not documented: the universal rule applies. Stripe
         # calls a 500 indeterminate, and stripe-python retries >= 500 with the same key.
+        # stripe-python and stripe-node read Stripe-Should-Retry before their 409 and
+        # 5xx rules: "false" is never retried, a 409 included.
         name="stripe",
         key_max_length=255,
         retention=timedelta(hours=24),  # "at least 24 hours old" before pruning
-        in_flight=(StatusRule(status=409),),  # idempotency_key_in_use
+        in_flight=(StatusRule(status=409),),  # idempotency_key_in_use, unless Should-Retry: false
         mismatch=(
             StatusRule(status=400, code="idempotency_error"),
             StatusRule(status=404, code="idempotency_error"),  # stripe-python maps both
@@ -172,6 +239,7 @@ def _profiles() -> dict[str, Provider]:
             "https://docs.stripe.com/error-codes#idempotency-key-in-use",
             "https://docs.stripe.com/error-low-level#server-errors",
             "github.com/stripe/stripe-python stripe/_api_requestor.py, stripe/_http_client.py",
+            "github.com/stripe/stripe-node src/RequestSender.ts (_shouldRetry)",
             "https://github.com/stripe/stripe-ruby/issues/503",
         ),
     )
@@ -184,7 +252,7 @@ def _profiles() -> dict[str, Provider]:
         retention=timedelta(days=7),  # "minimum period of 7 days" (legacy page: 31)
         in_flight=(StatusRule(status=409), StatusRule(status=422, code="704")),
         mismatch=(),
-        server_errors="hint",  # "transient-error: true" => retry; absent or false => do not
+        server_errors="hint",  # "transient-error: true" => retry; else do not: indeterminate
         replay_headers=(),  # Adyen echoes idempotency-key, it marks no replay
         retry_hint_header="transient-error",
         credential_headers=frozenset({"x-api-key"}),  # "an API key in an x-API-key header"
@@ -314,7 +382,12 @@ def _profiles() -> dict[str, Provider]:
     )
     aws_client_token = Provider(
         # EC2-style ClientToken in the request body. Retention: the older API
-        # reference's 24 hours (the current guide gives none).
+        # reference's 24 hours (the current guide gives none). Throttling and
+        # transient errors arrive as a 4xx (mostly 400) with an error code; the AWS
+        # SDKs' standard retry mode retries them, with the same token: so does
+        # postonce. The codes are botocore's (TransientRetryableChecker and
+        # ThrottledRetryableChecker); IDPCommunicationError is left out, botocore
+        # retries it for STS only, which takes no client token.
         name="aws_client_token",
         key_transport="body",
         key_field="ClientToken",
@@ -322,6 +395,7 @@ def _profiles() -> dict[str, Provider]:
         retention=timedelta(hours=24),
         in_flight=(StatusRule(status=409),),
         mismatch=(StatusRule(code="IdempotentParameterMismatch"),),
+        retryable=tuple(StatusRule(code=code) for code in _AWS_RETRYABLE_CODES),
         server_errors="retry",  # retry table: "5xx: retry with backoff", same client token
         replay_headers=(),
         # Signature Version 4: the signature, the temporary session token, and the
@@ -332,6 +406,8 @@ def _profiles() -> dict[str, Provider]:
             "https://docs.aws.amazon.com/ec2/latest/devguide/ec2-api-idempotency.html",
             "https://docs.aws.amazon.com/AWSEC2/latest/APIReference/Run_Instance_Idempotency.html",
             "https://docs.aws.amazon.com/AWSEC2/latest/APIReference/errors-overview.html",
+            "https://docs.aws.amazon.com/sdkref/latest/guide/feature-retry-behavior.html",
+            "github.com/boto/botocore botocore/retries/standard.py, botocore/retries/special.py",
         ),
     )
     google_request_id = Provider(
@@ -360,13 +436,16 @@ def _profiles() -> dict[str, Provider]:
         key_max_length=36,
         retention=timedelta(hours=24),
         in_flight=(StatusRule(status=409),),
-        mismatch=(  # the draft's shape only: any other 422 is a validation answer
+        mismatch=(  # the draft's two shapes only: any other 422 is a validation answer
             StatusRule(status=422, content_type="application/problem+json"),
+            StatusRule(status=422, link_rel="describedby"),
         ),
         server_errors="replayed",  # a retry gets "the previous result, success or an error"
         replay_headers=("Idempotent-Replayed", "Idempotency-Replayed", "X-Idempotent-Replayed"),
         sources=(
             "https://datatracker.ietf.org/doc/html/draft-ietf-httpapi-idempotency-key-header-07",
+            "github.com/ietf-wg-httpapi/idempotency draft-ietf-httpapi-idempotency-key-header.md"
+            ' (error handling: 422 with problem+json, or Link rel="describedby")',
         ),
     )
     profiles = [
@@ -389,17 +468,24 @@ def _profiles() -> dict[str, Provider]:
 
 #: Every built-in profile by name.
 BUILTIN_PROVIDERS: Mapping[str, Provider] = _profiles()
+_BY_FOLDED = {name.casefold(): profile for name, profile in BUILTIN_PROVIDERS.items()}
 
 
 def get_provider(provider: str | Provider) -> Provider:
-    """Return ``provider`` itself, or the built-in profile of that name."""
+    """Return ``provider`` itself, or the built-in profile of that name (any letter case).
+
+    An unknown name raises :class:`~postonce.UnknownProvider` naming the closest
+    built-in name, if one is close, and listing them all.
+    """
     if isinstance(provider, Provider):
         return provider
-    try:
-        return BUILTIN_PROVIDERS[provider]
-    except KeyError:
-        known = ", ".join(sorted(BUILTIN_PROVIDERS))
-        raise UnknownProvider(f"no built-in provider {provider!r}; known: {known}") from None
+    found = BUILTIN_PROVIDERS.get(provider) or _BY_FOLDED.get(provider.casefold())
+    if found is not None:
+        return found
+    known = sorted(BUILTIN_PROVIDERS)
+    close = difflib.get_close_matches(provider.casefold(), known, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise UnknownProvider(f"no built-in provider {provider!r}{hint}; known: {', '.join(known)}")
 
 
 def _key_facts(provider: Provider) -> dict[str, object]:
