@@ -111,7 +111,9 @@ def main() -> None:
         # Another system reuses our request_id for another posting. The Ledger's 409
         # carries request_id_reused: a mismatch, never retried (not "in flight").
         try:
-            other.post_once("/postings", json={**posting, "amount": 1}, key=info.key)
+            other.post_once(
+                "/postings", json={**posting, "amount": 1}, intent="their-7/post", key=info.key
+            )
         except postonce.IdempotencyKeyMismatch as exc:
             print(f"request_id reused elsewhere: {type(exc).__name__}, not retried")
         else:

@@ -5,17 +5,27 @@ key is executed (a "charge") and its answer stored; a retry with the same key
 gets the stored answer marked ``Idempotent-Replayed: true``. With
 ``lose_first_response=True`` it charges on the first request and then hangs up
 without answering, the way a network that lies behaves.
+
+``GET /v1/payment_intents/search?query=metadata['order_id']:'A1'`` finds the
+charges whose JSON body carried ``{"metadata": {"order_id": "A1"}}``, the way
+Stripe's Search API does: what a reconciler asks when an answer left a charge
+unknown.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+# The one search query the demo understands: Stripe's metadata equality clause.
+_ORDER_QUERY = re.compile(r"metadata\['order_id'\]:'([^']*)'")
 
 
 @dataclass
@@ -55,13 +65,27 @@ def _handler(api: DemoAPI) -> type[BaseHTTPRequestHandler]:
                     replayed = False
                 else:
                     replayed = True
-            self.send_response(200)
+            self._answer(200, stored, replayed=replayed)
+
+        def do_GET(self) -> None:
+            url = urlsplit(self.path)
+            found = _ORDER_QUERY.fullmatch(parse_qs(url.query).get("query", [""])[0])
+            if url.path != "/v1/payment_intents/search" or found is None:
+                self._answer(404, b'{"error": {"type": "invalid_request_error"}}')
+                return
+            with api.lock:
+                charges = [json.loads(answer) for answer in api.answers.values()]
+            data = [c for c in charges if c.get("metadata", {}).get("order_id") == found[1]]
+            self._answer(200, json.dumps({"object": "search_result", "data": data}).encode())
+
+        def _answer(self, status: int, body: bytes, *, replayed: bool = False) -> None:
+            self.send_response(status)
             self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(stored)))
+            self.send_header("Content-Length", str(len(body)))
             if replayed:
                 self.send_header("Idempotent-Replayed", "true")
             self.end_headers()
-            self.wfile.write(stored)
+            self.wfile.write(body)
 
     return Handler
 

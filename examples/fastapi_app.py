@@ -8,7 +8,9 @@ Run it from the repository root, with ``fastapi`` and ``uvicorn`` installed::
 (one outbox writer thread, one connection pool) and closes it on shutdown.
 ``POST /orders/{order_id}/pay`` charges the order with the intent
 ``f"order-{order_id}/charge"``, so a retried request, a double click or a second
-app process never charges an order twice.
+app process never charges an order twice. An answer that leaves the charge unknown
+(``IntentIndeterminate``: a 500 Stripe saved for the key) is "under review", never
+"failed".
 
 The demo serves the Stripe emulator (``examples/stripe_emulator.py``) and this
 app with uvicorn on 127.0.0.1, pays order 1001 while the emulator loses its first
@@ -77,6 +79,14 @@ def create_app(stripe_url: str, *, api_key: str, outbox: Path | str | None = Non
             return JSONResponse({"order_id": order_id, "status": "pending"}, status_code=202)
         except postonce.IntentConflict:  # this order was charged with other parameters
             return JSONResponse({"order_id": order_id, "status": "conflict"}, status_code=409)
+        except (postonce.IntentIndeterminate, postonce.IntentExpired):
+            # Stripe's answer (a 500 it saved) or its silence leaves the charge unknown: it
+            # may have been made. Under review until a reconciler or a person finds out;
+            # never "failed", which would invite the customer to pay again.
+            return JSONResponse({"order_id": order_id, "status": "under_review"}, status_code=202)
+        except postonce.IntentResolved as exc:  # was under review; now found out
+            status = "paid" if exc.state == "succeeded" else "payment_failed"
+            return JSONResponse({"order_id": order_id, "status": status}, status_code=200)
         if response.is_error:  # a declined card (402) is Stripe's answer: pass it on
             return JSONResponse(response.json(), status_code=response.status_code)
         info = response.extensions["postonce"]
