@@ -125,7 +125,7 @@ def test_cancel_resolve_purge_export(outbox_path: Path) -> None:
     assert "may have been delivered" in out
     code, out = cli(*base, "resolve", "maybe", "--succeeded", "--note", "x")
     assert code == 1
-    assert "only an expired intent" in out
+    assert "only an expired" in out
     code, out = cli(*base, "purge", "--older-than", "0s")
     assert code == 0
     assert json.loads(out)["purged"] == 2
@@ -501,7 +501,8 @@ def test_four_drain_processes_share_one_outbox(server: LoopbackServer, tmp_path:
 def test_drain_command_leaves_another_senders_intents(
     server: LoopbackServer, outbox_path: Path, app: str
 ) -> None:
-    """The CLI drain sends only its client's sender's intents and reports the rest as not ours."""
+    """The CLI drain sends only its client's sender's intents, and exits 3 naming whose the
+    rest are, this client's identity and the way out; --accept-foreign makes that exit 0."""
     store = SQLiteStore(outbox_path, durability="normal")
     store.open_intent(
         loopback_intent(server, "theirs", sender="another-service"),
@@ -510,17 +511,179 @@ def test_drain_command_leaves_another_senders_intents(
         lease_for=1,
     )
     store.close()
-    result = subprocess.run(
-        [sys.executable, "-m", "postonce", "drain", "--app", app],
-        cwd=ROOT,
-        env=drain_env(server, outbox_path, "mine"),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
+
+    def drain(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "postonce", "drain", "--app", app, *extra],
+            cwd=ROOT,
+            env=drain_env(server, outbox_path, "mine"),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    result = drain()
+    assert result.returncode == 3, result.stderr
     report = json.loads(result.stdout)
     assert (report["claimed"], report["not_ours"]) == (0, 1)
-    assert "another sender" in result.stderr
+    origin = server.base_url  # http://127.0.0.1:PORT: already an origin
+    assert report["foreign_senders"] == [{"sender": "another-service", "origin": origin, "due": 1}]
+    assert report["outbox"] == str(outbox_path.resolve())
+    assert report["origins"] == [origin]
+    (verdict,) = [line for line in result.stderr.splitlines() if "exit 3" in line]
+    assert f"This client is sender {report['sender']!r} (provider 'ietf_draft', no name=" in verdict
+    assert "1 of sender 'another-service' (name='another-service') to " + origin in result.stderr
+    assert "client.adopt(" in result.stderr
+    assert "--accept-foreign" in result.stderr
+    assert result.stderr.count("were not sent") == 1  # the log's record is not said twice
     assert server.requests_for("theirs-key-0001") == []
+    accepted = drain("--accept-foreign")
+    assert accepted.returncode == 0, accepted.stderr
+    assert json.loads(accepted.stdout)["not_ours"] == 1
+
+
+# -- what the drain's exit status and output tell ------------------------------------------
+
+
+def test_exit_status_says_the_first_that_applies_and_the_help_lists_each() -> None:
+    """1 (an intent's outcome) before 4 (handlers failing) before 3 (others' intents); 0 else."""
+    from postonce._cli import exit_status
+
+    report = postonce.DrainReport
+    assert exit_status(report()) == 0
+    assert exit_status(report(expired=1, settle_failed=1, not_ours=1)) == 1
+    assert exit_status(report(indeterminate=1)) == 1
+    assert exit_status(report(settle_failing=1, not_ours=1)) == 4
+    assert exit_status(report(reconcile_failed=1)) == 4
+    assert exit_status(report(not_ours=2)) == 3
+    assert exit_status(report(not_ours=2), accept_foreign=True) == 0
+    code, out = cli("drain", "--help")
+    assert code == 0
+    for line in ("0  all well", "1  an intent failed", "4  a settlement handler", "3  due intents"):
+        assert line in out
+    assert "--accept-foreign" in out
+
+
+def drain_with(
+    monkeypatch: pytest.MonkeyPatch, client: postonce.Client, *args: str
+) -> tuple[int, dict[str, Any], str]:
+    """Run ``postonce drain`` in this process on ``client``: exit code, report, stderr."""
+    from postonce import _cli
+
+    monkeypatch.setattr(_cli, "_load_client", lambda spec: client)
+    result = CliRunner().invoke(main, ["drain", "--app", "x:y", *args], catch_exceptions=False)
+    assert result.stdout, result.stderr
+    return result.exit_code, json.loads(result.stdout), result.stderr
+
+
+def test_drain_exits_4_while_a_settlement_handler_keeps_failing(
+    monkeypatch: pytest.MonkeyPatch, outbox_path: Path
+) -> None:
+    """A settlement owed after its handler raised makes the drain exit 4, and say why."""
+
+    def handler(settlement: postonce.Settlement) -> None:
+        raise RuntimeError("the orders database is down")
+
+    client = postonce.Client(
+        "http://api.test",
+        outbox=outbox_path,
+        on_settled=handler,
+        transport=httpx.MockTransport(lambda request: httpx.Response(201)),
+    )
+    client.post_once("/c", json={}, intent="paid")  # the handler raises; retried with backoff
+    code, report, err = drain_with(monkeypatch, client)
+    assert code == 4, err
+    assert (report["settle_failing"], report["failed"]) == (1, 0)
+    assert "exit 4: settlement handlers or reconcilers are failing" in err
+
+
+def test_drain_refuses_interval_without_forever() -> None:
+    """--interval means nothing to a one-shot drain: refused as a usage error (exit 2)."""
+    result = CliRunner().invoke(main, ["drain", "--app", "x:y", "--interval", "1s"])
+    assert result.exit_code == 2
+    assert "--interval applies to --forever only" in result.output
+
+
+@pytest.mark.parametrize(
+    "words",
+    [
+        ("list",),
+        ("show", "maybe"),
+        ("stats",),
+        ("cancel", "never"),
+        ("resolve", "nope", "--failed", "--note", "x"),
+        ("purge", "--older-than", "0s"),
+        ("export",),
+    ],
+    ids=lambda words: words[0],
+)
+def test_every_outbox_command_takes_outbox_after_its_name(
+    outbox_path: Path, tmp_path: Path, words: tuple[str, ...]
+) -> None:
+    """``outbox CMD --outbox X`` is ``outbox --outbox X CMD``, as ``drain --outbox X`` is;
+    given both ways with two outboxes, it is refused."""
+    twin = tmp_path / "twin.sqlite3"  # a second cancel or purge would have less to do
+    for path in (outbox_path, twin):
+        seeded_outbox(path)
+    after = cli("outbox", *words, "--outbox", str(outbox_path), env={"POSTONCE_OUTBOX": ""})
+    before = cli("outbox", "--outbox", str(twin), *words, env={"POSTONCE_OUTBOX": ""})
+    assert after[0] == before[0]
+    assert after[1].replace(str(outbox_path), str(twin)).count("\n") == before[1].count("\n")
+    assert "no outbox at" not in after[1]
+    if words[0] not in ("cancel", "resolve", "purge"):
+        assert after == cli("outbox", "--outbox", str(outbox_path), *words)
+    other = tmp_path / "other.sqlite3"
+    code, out = cli("outbox", "--outbox", str(other), *words, "--outbox", str(outbox_path))
+    assert code == 2
+    assert "--outbox is given twice" in out
+
+
+def test_a_relative_outbox_is_shown_resolved(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A relative --outbox is named by its absolute path: in errors, purge's and drain's output."""
+    monkeypatch.chdir(tmp_path)
+    code, out = cli("outbox", "stats", "--outbox", "absent/outbox.sqlite3")
+    assert code == 1
+    assert f"no outbox at {tmp_path / 'absent' / 'outbox.sqlite3'}" in out
+    seeded_outbox(tmp_path / "outbox.sqlite3")
+    code, out = cli("outbox", "purge", "--older-than", "0s", "--outbox", "outbox.sqlite3")
+    assert code == 0
+    assert json.loads(out)["outbox"] == str(tmp_path / "outbox.sqlite3")
+    client = postonce.Client(
+        "http://api.test",
+        outbox=tmp_path / "its-own.sqlite3",  # replaced by --outbox
+        transport=httpx.MockTransport(lambda request: httpx.Response(201)),
+    )
+    code, report, err = drain_with(monkeypatch, client, "--outbox", "./outbox.sqlite3")
+    assert code == 0, err
+    assert report["outbox"] == str(tmp_path / "outbox.sqlite3")
+    assert report["succeeded"] >= 1  # the seeded pending intents, sent from that outbox
+
+
+def test_purge_keeps_and_counts_intents_whose_settlement_is_owed(
+    outbox_path: Path,
+) -> None:
+    """purge keeps a finished intent its handler has not yet heard of, and says how many."""
+
+    def handler(settlement: postonce.Settlement) -> None:
+        raise RuntimeError("the orders database is down")
+
+    with postonce.Client(
+        "http://api.test",
+        outbox=outbox_path,
+        on_settled=handler,
+        transport=httpx.MockTransport(lambda request: httpx.Response(201)),
+    ) as client:
+        client.post_once("/c", json={}, intent="owed")
+    code, out = cli("outbox", "purge", "--older-than", "0s", "--outbox", str(outbox_path))
+    assert code == 0
+    assert json.loads(out) | {"outbox": None} == {
+        "purged": 0,
+        "tombstones": False,
+        "kept_for_settlement": 1,
+        "outbox": None,
+    }
+    code, out = cli("outbox", "purge", "--help")
+    assert "settlement is still owed" in " ".join(out.split())

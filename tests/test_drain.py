@@ -237,7 +237,7 @@ def test_operator_resolve_only_from_expired(make_client: ClientFactory) -> None:
         store.operator_move("exp", State.CANCELLED, now=time.time(), note="n")
     resolved = store.operator_move("exp", State.SUCCEEDED, now=time.time(), note="ch_1 found")
     assert resolved.state is State.SUCCEEDED
-    with pytest.raises(IllegalMove, match="only an expired intent"):
+    with pytest.raises(IllegalMove, match="only an expired"):
         store.operator_move("exp", State.FAILED, now=time.time(), note="again")
     with pytest.raises(postonce.IntentResolved) as exc:
         client.post_once("/c", json={}, intent="exp")
@@ -478,3 +478,147 @@ def test_drain_concurrency_sends_every_intent_once(
     for key in keys:
         assert [r["key"] for r in ledger["requests"]].count(key) == 2  # the 503, then the send
         assert len([e for e in ledger["effects"] if e["key"] == key]) == 1
+
+
+# -- what the application is told is true ------------------------------------------------
+
+
+def ended(
+    store: postonce.Store,
+    reference: str,
+    state: State,
+    *,
+    sender: str = "s",
+    origin: str = "https://api.test:443",
+    owed: bool = False,
+    now: float = 1000.0,
+) -> None:
+    """Write an intent straight into a store and end it in ``state`` (owing a settlement)."""
+    from postonce._outbox.base import NewIntent
+
+    url = f"{origin}/c"
+    opened = store.open_intent(
+        NewIntent(reference, f"{reference}-key-0001", True, "ietf_draft", "POST", url, (),
+                  b"{}", "0" * 64, None, sender=sender, origin=origin),
+        owner="o", now=now, lease_for=10.0,
+    )  # fmt: skip
+    assert opened.lease is not None
+    settle_hold = 0.0 if owed else None
+    assert store.settle(opened.lease, now=now, state=state, note="x", settle_hold=settle_hold)
+
+
+def test_purge_keeps_owed_settlements_and_unresolved_intents_and_counts_the_owed(
+    outbox: object,
+) -> None:
+    """A settlement still owed keeps its row (counted as kept_owed); expired and indeterminate
+    rows are never purged; once the handler has it, the row purges as any other."""
+    store = open_store(outbox)  # type: ignore[arg-type]
+    try:
+        ended(store, "told", State.CANCELLED)
+        ended(store, "owed", State.CANCELLED, owed=True)
+        ended(store, "unknown", State.INDETERMINATE)
+        ended(store, "lost", State.EXPIRED)
+        purged = store.purge(before=2000.0, tombstones=False, now=2000.0)
+        assert (purged, getattr(purged, "kept_owed", None)) == (1, 1)
+        for reference in ("owed", "unknown", "lost"):
+            record = store.get(reference)
+            assert record is not None
+            assert (record.purged_at, record.body) == (None, b"{}"), reference
+        record = store.get("owed")
+        assert record is not None
+        assert record.settle_due_at is not None
+        assert store.settlement_done(intent_id=record.id, now=2001.0, owed_at=record.settle_due_at)
+        again = store.purge(before=3000.0, tombstones=False, now=3000.0)
+        assert (again, getattr(again, "kept_owed", None)) == (1, 0)
+        assert store.stats(now=3000.0)["indeterminate_needing_attention"] == 1
+    finally:
+        store.close()
+
+
+def test_census_names_whose_due_intents_a_drain_may_not_send(outbox: object) -> None:
+    """The census groups the due intents of other senders and origins, most first, and counts
+    this sender's settlements still owed after their handler raised."""
+    from postonce._outbox.base import Foreign, NewIntent
+
+    store = open_store(outbox)  # type: ignore[arg-type]
+    mine, elsewhere = "https://api.test:443", "https://other.test:443"
+    try:
+        for reference, sender, origin in (
+            ("a-1", "billing", mine),
+            ("a-2", "billing", mine),
+            ("b-1", "stripe#0123456789abcdef", mine),
+            ("m-2", "me", elsewhere),
+            ("m-1", "me", mine),
+        ):
+            store.open_intent(
+                NewIntent(reference, f"{reference}-key-0001", True, "ietf_draft", "POST",
+                          f"{origin}/c", (), b"{}", "0" * 64, None, sender=sender, origin=origin),
+                owner="crashed/1", now=1000.0, lease_for=1.0,
+            )  # fmt: skip
+        ended(store, "failing", State.SUCCEEDED, sender="me", owed=True)
+        record = store.get("failing")
+        assert record is not None
+        assert record.settle_due_at is not None
+        store.settlement_failed(
+            intent_id=record.id, error="E: x", retry_at=5000.0, owed_at=record.settle_due_at
+        )
+        census = store.census(sender="me", origins=[mine], now=1100.0)
+        assert census.not_ours == 4
+        assert census.foreign == (
+            Foreign("billing", mine, 2),
+            Foreign("me", elsewhere, 1),
+            Foreign("stripe#0123456789abcdef", mine, 1),
+        )
+        assert census.settle_failing == 1
+        assert store.census(sender="billing", origins=[mine], now=1100.0).settle_failing == 0
+    finally:
+        store.close()
+
+
+def test_the_drain_report_names_the_outbox_and_this_client(
+    make_client: ClientFactory, outbox: object
+) -> None:
+    """The report says which outbox was drained (an absolute path, a URL with no password) and
+    as whom; another sender's due intent is named there, and leaves ``ok`` as it is."""
+    from pathlib import Path
+
+    client = make_client(name="this-service")
+    other = make_client(name="billing", transport=httpx.MockTransport(connect_error))
+    with pytest.raises(postonce.IntentPending):
+        other.post_once("/c", json={}, intent="theirs", retry=ONE)
+    time.sleep(0.06)  # FAST's waits are at most 50 ms: the intent is due
+    report = client.drain()
+    assert (report.sender, report.origins) == ("this-service", ("http://api.test:80",))
+    if isinstance(outbox, str) and outbox.startswith("postgresql://"):
+        assert report.outbox is not None
+        assert report.outbox.startswith("postgresql://")
+    elif isinstance(outbox, str):
+        assert report.outbox == str(Path(outbox).resolve())
+    else:
+        assert report.outbox == "MemoryOutbox"
+    assert report.not_ours == 1
+    assert [(f.sender, f.origin, f.due) for f in report.foreign_senders] == [
+        ("billing", "http://api.test:80", 1)
+    ]
+    assert report.ok
+
+
+def test_a_postgres_outbox_is_named_without_its_password() -> None:
+    """The report's outbox for a URL with a password (userinfo or query) shows neither."""
+    from postonce._drain import outbox_name, without_password
+    from tests.conftest import pg_schema
+
+    assert (
+        without_password("postgresql://app:s3cret@db.test:5432/pay?password=s3cret&sslmode=require")
+        == "postgresql://app:***@db.test:5432/pay?sslmode=require"
+    )
+    with pg_schema() as url:
+        secret = url.replace("postgresql://postgres@", "postgresql://postgres:s3cret@")
+        store = open_store(secret)
+        try:
+            named = outbox_name(store)
+        finally:
+            store.close()
+    assert named is not None
+    assert "s3cret" not in named
+    assert named.startswith("postgresql://postgres:***@127.0.0.1:5432/test?schema=t_")

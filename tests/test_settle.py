@@ -203,8 +203,8 @@ def test_the_reconciler_resolves_expired_intents_and_the_handler_follows(
     assert record is not None
     assert record.state is State.SUCCEEDED
     assert record.note == f"reconciled by {client.sender}: ch_for_r-1"
-    # The handler heard of the expiry, then of the resolution.
-    assert ledger.states() == [("r-1", State.EXPIRED), ("r-1", State.SUCCEEDED)]
+    # With a reconciler, the handler hears once: of the resolution, not of the expiry first.
+    assert ledger.states() == [("r-1", State.SUCCEEDED)]
     with pytest.raises(postonce.IntentResolved):
         client.post_once("/c", json={}, intent="r-1")
 
@@ -453,3 +453,180 @@ def test_a_replay_while_the_handler_runs_does_not_call_it_again(
     first.join()
     assert again.extensions["postonce"].from_outbox
     assert len(calls) == 1
+
+
+# -- a reconciler's answer is checked; one failure is counted, never fatal ----------------
+
+
+def test_resolution_takes_a_state_or_its_value_and_refuses_anything_else() -> None:
+    """Resolution("succeeded") is State.SUCCEEDED; any other state or type is refused at once."""
+    assert Resolution("succeeded").state is State.SUCCEEDED  # type: ignore[arg-type]
+    assert Resolution("failed", "none at the provider").state is State.FAILED  # type: ignore[arg-type]
+    assert Resolution(State.SUCCEEDED, None).note == ""  # type: ignore[arg-type]
+    for bad in ("expired", "indeterminate", State.CANCELLED, "SUCCEEDED", "ok", True, 1, None):
+        with pytest.raises(postonce.ConfigurationError, match=r"State\.SUCCEEDED or State\.FAILED"):
+            Resolution(bad)  # type: ignore[arg-type]
+    with pytest.raises(postonce.ConfigurationError, match="note is text"):
+        Resolution.succeeded(note=42)  # type: ignore[arg-type]
+
+
+def test_a_reconciler_answering_a_state_value_resolves_the_intent(
+    make_client: ClientFactory,
+) -> None:
+    """A reconciler that returns Resolution("succeeded") resolves it (it crashed the drain)."""
+
+    def reconcile(intent: postonce.IntentRecord) -> Resolution:
+        return Resolution("succeeded", "ch_1")  # type: ignore[arg-type]
+
+    client = expired_intent(make_client, "v-1", reconcile=reconcile)
+    report = client.drain()
+    assert (report.reconciled, report.reconcile_failed) == (1, 0)
+    record = client.lookup("v-1")
+    assert record is not None
+    assert record.state is State.SUCCEEDED
+
+
+def test_a_reconciler_answering_no_resolution_is_logged_skipped_and_counted(
+    make_client: ClientFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A wrong type is logged and counted; the intent stays expired; the drain ends normally."""
+
+    def reconcile(intent: postonce.IntentRecord) -> Any:
+        return "succeeded"
+
+    client = expired_intent(make_client, "v-2", reconcile=reconcile)
+    report = client.drain()
+    assert (report.reconciled, report.reconcile_failed) == (0, 1)
+    assert not report.ok
+    record = client.lookup("v-2")
+    assert record is not None
+    assert record.state is State.EXPIRED
+    assert "it must return a postonce.Resolution" in caplog.text
+
+
+def two_expired(factory: Any, **options: Any) -> Any:
+    """One client, two intents (x-1, x-2) expired by its first drain."""
+
+    def lost(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("lost", request=request)
+
+    client = factory(provider=SHORT, transport=httpx.MockTransport(lost), **options)
+    for reference in ("x-1", "x-2"):
+        with pytest.raises(postonce.IntentPending):
+            client.post_once("/c", json={}, intent=reference, retry=ONE)
+    time.sleep(0.35)
+    return client
+
+
+def test_one_failing_reconciliation_does_not_keep_the_others_from_theirs(
+    make_client: ClientFactory,
+) -> None:
+    """A reconciler that raises for one intent: logged and counted; the other is resolved."""
+
+    def reconcile(intent: postonce.IntentRecord) -> Resolution:
+        if intent.reference == "x-1":
+            raise RuntimeError("the provider's search API is down")
+        return Resolution.failed("no charge")
+
+    client = two_expired(make_client, reconcile=reconcile)
+    report = client.drain()
+    assert (report.expired, report.reconciled, report.reconcile_failed) == (2, 1, 1)
+    states = {ref: client.lookup(ref).state for ref in ("x-1", "x-2")}
+    assert states == {"x-1": State.EXPIRED, "x-2": State.FAILED}
+
+
+class FlakyOutbox(postonce.testing.MemoryOutbox):
+    """A memory outbox that fails to record x-1's resolution and x-2's first settlement."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail_done = 1
+
+    def operator_move(self, reference: str, to: State, **kwargs: Any) -> postonce.IntentRecord:
+        if reference == "x-1":
+            raise postonce.OutboxError("the database went away")
+        return super().operator_move(reference, to, **kwargs)
+
+    def settlement_done(self, **kwargs: Any) -> bool:
+        if self.fail_done:
+            self.fail_done -= 1
+            raise postonce.OutboxError("the database went away")
+        return super().settlement_done(**kwargs)
+
+
+def test_a_store_error_recording_a_resolution_or_a_settlement_is_counted_and_skipped(
+    client_kind: str,
+) -> None:
+    """The outbox fails to record one resolution and one settlement: both are logged and
+    counted, the drain goes on and returns its report."""
+    from tests.conftest import _factory
+
+    made: list[Any] = []
+    ledger = Ledger()
+    try:
+        client = two_expired(
+            _factory(FlakyOutbox(), client_kind, made),
+            reconcile=lambda intent: Resolution.succeeded("found"),
+            on_settled=ledger,
+        )
+        report = client.drain()
+        assert (report.reconciled, report.reconcile_failed) == (1, 1)
+        assert (report.settled, report.settle_failed) == (0, 1)
+        assert ledger.states() == [("x-2", State.SUCCEEDED)]  # called; its record failed
+        assert client.lookup("x-1").state is State.EXPIRED
+    finally:
+        for each in made:
+            each.close()
+
+
+def test_a_settlement_handler_that_keeps_failing_is_counted_and_reported_owed(
+    server: LoopbackServer, make_client: ClientFactory
+) -> None:
+    """A handler that raises in the drain too: counted, still owed, and the report not ok."""
+    ledger = Ledger(fail=2)
+    client = make_client(server.base_url, on_settled=ledger)
+    with postonce.testing.set_testing():  # no backoff: the drain calls it again at once
+        client.post_once("/ietf/v1/charges", json={"amount": 1}, intent="k-1")
+        report = client.drain()
+    assert (report.settled, report.settle_failed, report.settle_failing) == (0, 1, 1)
+    assert not report.ok
+    assert len(ledger.calls) == 2
+
+
+def test_a_forever_worker_outlives_failing_handlers_and_reconcilers(tmp_path: Path) -> None:
+    """--forever: a reconciler and a handler that always raise are counted pass after pass;
+    the worker runs until it is stopped and returns its report."""
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/ok":
+            return httpx.Response(201)
+        raise httpx.ReadTimeout("lost", request=request)
+
+    def reconcile(intent: postonce.IntentRecord) -> Resolution:
+        raise RuntimeError("the provider's search API is down")
+
+    handler = Ledger(fail=10**6)
+    client = postonce.Client(
+        "http://api.test",
+        outbox=tmp_path / "o.sqlite3",
+        provider=SHORT,
+        retry=ONE,
+        transport=httpx.MockTransport(answer),
+        reconcile=reconcile,
+        reconcile_every=0.01,
+        on_settled=handler,
+    )
+    with client, postonce.testing.set_testing():  # no backoff: each pass calls the handler
+        client.post_once("/ok", json={}, intent="w-ok")
+        with pytest.raises(postonce.IntentPending):
+            client.post_once("/c", json={}, intent="w-lost")
+        time.sleep(0.35)
+        stop = threading.Event()
+        threading.Timer(1.0, stop.set).start()
+        report = client.drain(forever=True, interval=0.02, stop=stop)
+    assert report.expired == 1
+    assert report.reconcile_failed >= 2  # asked again pass after pass, never fatal
+    assert report.settle_failed >= 2
+    assert len(handler.calls) == report.settle_failed + 1  # the foreground's call, then each pass
+    assert report.settle_failing == 1
+    assert not report.ok

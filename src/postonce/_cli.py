@@ -8,12 +8,14 @@ import importlib
 import inspect
 import io
 import json
+import logging
 import os
 import re
 import signal
 import sys
 import time
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -23,14 +25,22 @@ from tabulate import tabulate
 
 from ._async_client import AsyncClient
 from ._client import Client
-from ._drain import DrainReport
+from ._drain import FOREIGN_MARK, DrainReport, foreign_message, outbox_name
 from ._exceptions import PostonceError
 from ._intent import IllegalMove, IntentRecord, State
 from ._outbox.base import Store
 from ._outbox.locate import ENV_VAR, open_store
 from ._version import __version__
 
-__all__ = ["main", "parse_duration"]
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_FOREIGN",
+    "EXIT_HANDLERS",
+    "EXIT_OK",
+    "exit_status",
+    "main",
+    "parse_duration",
+]
 
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, None: 1}
@@ -277,26 +287,53 @@ def _progress_line(report: DrainReport) -> None:
     "--interval",
     callback=_duration,
     metavar="DURATION",
-    default="5s",
-    show_default=True,
-    help="With --forever: how often to look for due intents.",
+    default=None,
+    help="With --forever only: how often to look for due intents.  [default: 5s]",
+)
+@click.option(
+    "--accept-foreign",
+    is_flag=True,
+    help="Due intents of other clients (another sender or origin) are expected here: "
+    "they do not make the exit status 3.",
 )
 def drain(
-    app: str, outbox: str | None, concurrency: int, forever: bool, interval: timedelta
+    app: str,
+    outbox: str | None,
+    concurrency: int,
+    forever: bool,
+    interval: timedelta | None,
+    accept_foreign: bool,
 ) -> None:
-    """Send every due intent once with its stored key, then exit (0: all well, 1: not).
+    """Send every due intent once with its stored key, then exit with what it found.
 
     Due intents are pending ones whose time has come and ones whose sender
-    died. Prints a DrainReport as JSON. The client named by --app supplies the
-    credentials: the outbox holds none.
+    died. Prints a DrainReport as JSON (with the outbox it drained, and this
+    client's sender). The client named by --app supplies the credentials: the
+    outbox holds none, so it sends only its own sender's intents to its own
+    origins, and names the senders of the due intents it had to leave.
+
+    \b
+    Exit status (the first that applies):
+      0  all well
+      1  an intent failed, expired or was left indeterminate, or the drain
+         broke (and any error the command prints as "Error:")
+      4  a settlement handler (on_settled) or reconciler (reconcile) failed,
+         or a settlement is still owed after its handler raised
+      3  due intents of other clients were left unsent (see --accept-foreign)
+      2  the command line was wrong
 
     Example: postonce drain --app myapp.payments:client --concurrency 8
     """
+    if interval is not None and not forever:
+        raise click.UsageError(
+            "--interval applies to --forever only: a drain without --forever sends what is "
+            "due once and exits"
+        )
     client = _load_client(app)
     store = None
     if outbox is not None:
         try:
-            store = open_store(outbox, create=False)
+            store = open_store(_resolved(outbox), create=False)
         except PostonceError as exc:
             _close_unused(client)
             raise click.ClickException(str(exc)) from exc
@@ -305,20 +342,13 @@ def drain(
         progress = _progress_line
     options: dict[str, Any] = {
         "forever": forever,
-        "interval": interval.total_seconds(),
+        "interval": 5.0 if interval is None else interval.total_seconds(),
         "concurrency": concurrency,
         "progress": progress,
     }
     try:
-        if isinstance(client, Client):
-            if store is not None:
-                client.use_outbox(store)
-            try:
-                report = client.drain(**options)
-            finally:
-                client.close()
-        else:
-            report = asyncio.run(_drain_async(client, app, store, options))
+        with _said_at_the_end():
+            report = _run_drain(client, app, store, options)
     except PostonceError as exc:
         raise click.ClickException(str(exc)) from exc
     finally:
@@ -329,7 +359,81 @@ def drain(
         progress(report)
         click.echo(err=True)
     click.echo(report.model_dump_json(indent=2))
-    sys.exit(0 if report.ok else 1)
+    code = exit_status(report, accept_foreign=accept_foreign)
+    if code == EXIT_HANDLERS:
+        click.echo(
+            f"postonce drain: exit {code}: settlement handlers or reconcilers are failing: "
+            f"{report.settle_failed} handler call(s) failed, {report.reconcile_failed} "
+            f"reconciler call(s) failed, {report.settle_failing} settlement(s) of this client "
+            "still owed after their handler raised. The log says why; postonce outbox list "
+            "shows each intent's settlement. Each is tried again by the next drain.",
+            err=True,
+        )
+    elif code == EXIT_FOREIGN:
+        click.echo(f"postonce drain: exit {code}: {foreign_message(report)}", err=True)
+    sys.exit(code)
+
+
+@contextmanager
+def _said_at_the_end() -> Iterator[None]:
+    """Hold back the drain's log record of others' intents: the command says it when it exits."""
+
+    def unmarked(record: logging.LogRecord) -> bool:
+        return not getattr(record, FOREIGN_MARK, False)
+
+    log = logging.getLogger("postonce")
+    log.addFilter(unmarked)
+    try:
+        yield
+    finally:
+        log.removeFilter(unmarked)
+
+
+def _run_drain(
+    client: AnyClient | Coroutine[Any, Any, Any],
+    app: str,
+    store: Store | None,
+    options: dict[str, Any],
+) -> DrainReport:
+    """Run the loaded client's drain (on an event loop of its own, for an AsyncClient)."""
+    if isinstance(client, Client):
+        if store is not None:
+            client.use_outbox(store)
+        try:
+            return client.drain(**options)
+        finally:
+            client.close()
+    return asyncio.run(_drain_async(client, app, store, options))
+
+
+#: ``postonce drain``'s exit statuses (2 is click's, for a wrong command line).
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_FOREIGN = 3
+EXIT_HANDLERS = 4
+
+
+def exit_status(report: DrainReport, *, accept_foreign: bool = False) -> int:
+    """What a drain's report means for its exit status: the first that applies.
+
+    1 before 4 before 3: an intent's own outcome first, then what the
+    application was not told, then what this client could not send at all.
+    """
+    if report.failed or report.expired or report.indeterminate or report.errors:
+        return EXIT_FAILED
+    if report.handlers_failing:
+        return EXIT_HANDLERS
+    if report.not_ours and not accept_foreign:
+        return EXIT_FOREIGN
+    return EXIT_OK
+
+
+def _resolved(spec: str) -> str:
+    """An outbox spec with a relative path made absolute: what every message then shows."""
+    if spec.startswith(("postgresql://", "postgres://")):
+        return spec
+    path = spec.removeprefix("sqlite:///")
+    return os.path.abspath(os.path.expanduser(path))
 
 
 # -- outbox ----------------------------------------------------------------------------
@@ -349,14 +453,47 @@ def drain(
 def outbox(ctx: click.Context, outbox: str | None) -> None:
     """Inspect and tend an outbox. These commands never create one.
 
-    Example: postonce outbox --outbox ./outbox.sqlite3 stats
+    --outbox is taken here or after the command, as by postonce drain.
+
+    Example: postonce outbox stats --outbox ./outbox.sqlite3
     """
     ctx.obj = outbox
 
 
+def _outbox_here(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    """``postonce outbox COMMAND --outbox X`` means ``postonce outbox --outbox X COMMAND``."""
+    if value is None:
+        return
+    group = ctx.parent
+    if (
+        group is not None
+        and group.get_parameter_source("outbox") is click.core.ParameterSource.COMMANDLINE
+        and group.params.get("outbox") != value
+    ):
+        given = group.params.get("outbox")
+        raise click.UsageError(f"--outbox is given twice, as {given!r} and {value!r}: give it once")
+    ctx.obj = value  # given with the command, it wins over POSTONCE_OUTBOX
+
+
+def _with_outbox(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Every ``outbox`` command takes ``--outbox`` after its name too."""
+    return click.option(
+        "--outbox",
+        "outbox_here",
+        default=None,
+        metavar="PATH|URL",
+        expose_value=False,
+        is_eager=True,
+        callback=_outbox_here,
+        help=f"The outbox: a path or postgresql:// URL (default: ${ENV_VAR}, else the user "
+        "data dir).",
+    )(command)
+
+
 def _store(ctx: click.Context) -> Store:
+    spec = ctx.obj
     try:
-        store = open_store(ctx.obj, create=False)
+        store = open_store(None if spec is None else _resolved(spec), create=False)
     except PostonceError as exc:
         raise click.ClickException(str(exc)) from exc
     ctx.call_on_close(store.close)
@@ -371,6 +508,7 @@ def _get(store: Store, reference: str) -> IntentRecord:
 
 
 @outbox.command("list")
+@_with_outbox
 @click.option(
     "--state",
     type=click.Choice([s.value for s in State]),
@@ -391,6 +529,7 @@ def list_(ctx: click.Context, state: str | None, limit: int | None, fmt: str | N
 
 
 @outbox.command()
+@_with_outbox
 @click.argument("reference")
 @click.option("--json", "fmt", flag_value="json", help="JSON (the default when not on a terminal).")
 @click.option(
@@ -438,6 +577,7 @@ def show(ctx: click.Context, reference: str, fmt: str | None) -> None:
 
 
 @outbox.command()
+@_with_outbox
 @_formats
 @click.pass_context
 def stats(ctx: click.Context, fmt: str | None) -> None:
@@ -502,6 +642,7 @@ _APP_OPTION = click.option(
 
 
 @outbox.command()
+@_with_outbox
 @click.argument("reference")
 @click.option(
     "--note", default="cancelled by an operator", show_default=True, help="Why, for the record."
@@ -517,6 +658,7 @@ def cancel(ctx: click.Context, reference: str, note: str, app: str | None) -> No
 
 
 @outbox.command()
+@_with_outbox
 @click.argument("reference")
 @click.option("--succeeded", is_flag=True, help="The provider executed it.")
 @click.option("--failed", is_flag=True, help="The provider did not.")
@@ -536,6 +678,7 @@ def resolve(
 
 
 @outbox.command()
+@_with_outbox
 @click.option(
     "--older-than",
     "older_than",
@@ -554,19 +697,31 @@ def purge(ctx: click.Context, older_than: timedelta, tombstones: bool) -> None:
     """Forget finished intents, keeping a tombstone that refuses a second execution.
 
     Only succeeded, failed and cancelled intents are purged. Expired intents are
-    kept until an operator resolves them (postonce outbox resolve): they still
-    need reconciling with the provider.
+    kept until an operator resolves them (postonce outbox resolve), and so are
+    indeterminate ones: they still need reconciling with the provider. An intent
+    whose settlement is still owed (its on_settled handler has not returned) is
+    kept too, and counted as kept_for_settlement: a drain of its client delivers it.
 
     Example: postonce outbox purge --older-than 30d
     """
     now = time.time()
-    count = _store(ctx).purge(
-        before=now - older_than.total_seconds(), tombstones=tombstones, now=now
+    store = _store(ctx)
+    count = store.purge(before=now - older_than.total_seconds(), tombstones=tombstones, now=now)
+    click.echo(
+        json.dumps(
+            {
+                "purged": int(count),
+                "tombstones": tombstones,
+                # None: a custom store that does not say (it returned a plain int).
+                "kept_for_settlement": getattr(count, "kept_owed", None),
+                "outbox": outbox_name(store),
+            }
+        )
     )
-    click.echo(json.dumps({"purged": count, "tombstones": tombstones}))
 
 
 @outbox.command()
+@_with_outbox
 @click.option("--jsonl", is_flag=True, default=True, help="One JSON object per line (default).")
 @click.pass_context
 def export(ctx: click.Context, jsonl: bool) -> None:

@@ -13,15 +13,18 @@ from __future__ import annotations
 import contextvars
 import functools
 import logging
+import os
 import queue
+import re
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import FrameType
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import anyio
 from pydantic import BaseModel, ConfigDict
@@ -33,22 +36,30 @@ from ._exceptions import (
     IntentIndeterminate,
     IntentPending,
     OutboxError,
+    PostonceError,
 )
-from ._intent import State
+from ._intent import IntentRecord, State
 from ._outbox.base import Census, Opened
 
 __all__ = [
+    "FOREIGN_MARK",
     "JUST_BEFORE",
     "AsyncTurns",
     "DrainReport",
+    "ForeignSender",
     "Tally",
     "Turn",
     "Turns",
     "claim_failed",
+    "describe_sender",
     "flows_for",
+    "foreign_message",
     "least_batch",
     "next_batch",
+    "note_census",
+    "outbox_name",
     "run_drain",
+    "without_password",
 ]
 
 logger = logging.getLogger("postonce")
@@ -67,8 +78,26 @@ BATCH_SECONDS = 0.25
 MOST_CLAIMED = 256
 
 
+class ForeignSender(BaseModel):
+    """Due intents this drain may not send, of one sender and origin (``DrainReport``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    sender: str | None  # its sender identity (None: written before identities were kept)
+    origin: str | None  # the scheme://host:port they are addressed to
+    due: int
+
+
 class DrainReport(BaseModel):
-    """What one ``drain()`` did. ``ok`` is False when anything failed, expired or broke."""
+    """What one ``drain()`` did.
+
+    ``ok`` is False when anything failed, expired, was left indeterminate or
+    broke, a settlement handler or reconciler failed, or a settlement of this
+    client's is still owed after its handler raised. Due intents of another
+    client (``not_ours``, whose: ``foreign_senders``) are not this drain's to
+    send: they leave ``ok`` as it is, and the ``postonce drain`` command says
+    so with an exit status of its own.
+    """
 
     model_config = ConfigDict(frozen=True)
 
@@ -83,17 +112,38 @@ class DrainReport(BaseModel):
     replayed: int = 0  # answers the server marked as replays
     errors: int = 0  # claims that ended in an unexpected error (logged)
     settled: int = 0  # settlement handler calls that returned
-    reconciled: int = 0  # expired intents the reconciler resolved
-    not_ours: int = 0  # due intents of another sender or origin, left alone (counted at the end)
+    settle_failed: int = 0  # handler calls that raised, or whose result the outbox did not take
+    reconciled: int = 0  # expired or indeterminate intents the reconciler resolved
+    reconcile_failed: int = 0  # reconciler calls that raised, answered no Resolution, or went
+    # unrecorded (the outbox failed): each is asked again after reconcile_every
+    # -- counted at the end (the census), of the whole outbox:
+    settle_failing: int = 0  # this client's settlements still owed after their handler raised
+    not_ours: int = 0  # due intents of another sender or origin, left alone
+    foreign_senders: tuple[ForeignSender, ...] = ()  # whose those are, most first
     in_flight_elsewhere: int = 0  # this sender's intents another owner holds a live lease on
     next_lease_expiry: float | None = None  # when the first of those leases runs out
+    # -- who drained what:
+    sender: str | None = None  # this client's sender identity
+    origins: tuple[str, ...] = ()  # the origins this client sends to
+    outbox: str | None = None  # the outbox drained: an absolute path, or a URL without password
     duration: float = 0.0  # seconds
 
     @property
     def ok(self) -> bool:
         return (
-            self.failed == 0 and self.expired == 0 and self.indeterminate == 0 and self.errors == 0
+            self.failed == 0
+            and self.expired == 0
+            and self.indeterminate == 0
+            and self.errors == 0
+            and self.settle_failed == 0
+            and self.reconcile_failed == 0
+            and self.settle_failing == 0
         )
+
+    @property
+    def handlers_failing(self) -> bool:
+        """Whether a settlement handler or reconciler failed, or a settlement stays owed so."""
+        return bool(self.settle_failed or self.reconcile_failed or self.settle_failing)
 
 
 @dataclass
@@ -106,6 +156,32 @@ class Tally:
     def add(self, name: str, n: int = 1) -> None:
         with self.lock:
             self.counts[name] = self.counts.get(name, 0) + n
+
+    def adder(self, name: str) -> Callable[[], None]:
+        """A function that counts one ``name`` (for a flow to call when it happens)."""
+        return functools.partial(self.add, name)
+
+    def aftercare_failed(
+        self, name: str, doing: str, record: IntentRecord | None, exc: BaseException
+    ) -> None:
+        """One reconciliation or settlement step failed: logged, counted as ``name``, skipped.
+
+        It is tried again in a later pass (a claim's hold runs out); the
+        drain goes on with the others.
+        """
+        self.add(name)
+        about = "" if record is None else f" for intent {record.reference!r}"
+        extra = {} if record is None else {"intent": record.reference, "key": record.key}
+        logger.warning(
+            "drain: %s%s failed (%s: %s); it is tried again in a later pass",
+            doing,
+            about,
+            type(exc).__name__,
+            exc,
+            # A postonce error says what it is; anything else is a bug worth its traceback.
+            exc_info=None if isinstance(exc, PostonceError) else exc,
+            extra=extra,
+        )
 
     def report(self, duration: float) -> DrainReport:
         with self.lock:
@@ -180,17 +256,124 @@ def flows_for(store: object, concurrency: int) -> int:
     return concurrency + 1 if getattr(store, "remote", False) else concurrency
 
 
-def note_census(report: DrainReport, census: Census | Exception, sender: str) -> DrainReport:
-    """The report with what the drain left, and why: counted, and said in the log."""
+def outbox_name(store: object) -> str | None:
+    """The outbox a store opened, for a report: an absolute path, or a URL without password."""
+    store = getattr(store, "store", store)  # a StoreThread: the store it serves
+    path = getattr(store, "path", None)
+    if isinstance(path, str | os.PathLike):
+        return os.path.abspath(os.fspath(path))
+    url = getattr(store, "url", None)
+    if isinstance(url, str):
+        return without_password(url, getattr(store, "schema", None))
+    return None if store is None else type(store).__name__
+
+
+def without_password(url: str, schema: str | None = None) -> str:
+    """A PostgreSQL URL fit to print: no password (in the userinfo or the query), its schema."""
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if parts.password is not None:
+        user, _, host = netloc.rpartition("@")
+        netloc = f"{user.partition(':')[0]}:***@{host}"
+    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "password"]
+    if schema is not None and schema != "postonce":
+        query.append(("schema", schema))
+    return urlunsplit(parts._replace(netloc=netloc, query=urlencode(query, quote_via=quote)))
+
+
+#: The attribute that marks the log record of :func:`foreign_message`.
+FOREIGN_MARK = "postonce_foreign"
+
+# ``sender_identity``'s default: the provider's name and 16 hex digits of a hash of credentials.
+_DERIVED = re.compile(r"(?P<provider>.+)#[0-9a-f]{16}")
+
+
+def describe_sender(sender: str | None) -> str:
+    """A sender identity in words a person can match to a client's configuration."""
+    if sender is None:
+        return "no sender (written before sender identities were kept)"
+    derived = _DERIVED.fullmatch(sender)
+    if derived is not None:
+        return (
+            f"sender {sender!r} (provider {derived['provider']!r}, no name=: "
+            "a hash of the client's credentials)"
+        )
+    return f"sender {sender!r} (name={sender!r})"
+
+
+def foreign_message(report: DrainReport) -> str:
+    """Why a drain left due intents, whose they are, and the way out (for the log and the CLI)."""
+    mine = report.origins
+    lines = [
+        f"{report.not_ours} due intent(s) in {report.outbox or 'the outbox'} were not sent: a "
+        "client sends only its own sender's intents, to its own origins (its credentials "
+        f"are for those alone). This client is {describe_sender(report.sender)}, sending to "
+        f"{', '.join(mine) if mine else 'no origin'}. Left:"
+    ]
+    shown = 0
+    others: list[str] = []
+    for group in report.foreign_senders:
+        shown += group.due
+        if group.sender is not None and group.sender == report.sender:
+            lines.append(
+                f"  {group.due} of this client's sender to {group.origin}, outside its origins"
+            )
+            continue
+        lines.append(f"  {group.due} of {describe_sender(group.sender)} to {group.origin}")
+        if group.sender is not None and group.origin in mine:
+            others.append(repr(group.sender))
+    if shown < report.not_ours:
+        lines.append(f"  {report.not_ours - shown} more of other senders")
+    lines.append(
+        "The way out: drain them with the client that wrote them (postonce drain --app "
+        "MODULE:CLIENT, configured with its name=, or with no name= its provider and "
+        "credentials, and its base_url=/origins=)."
+    )
+    if others:
+        lines.append(
+            f"If {' or '.join(others)} is this client under an old name= or old credentials "
+            "(a key rotation), client.adopt(THAT_SENDER) makes its intents this client's."
+        )
+    lines.append("If another client's drain sends them, postonce drain --accept-foreign says so.")
+    return "\n".join(lines)
+
+
+def note_census(
+    report: DrainReport,
+    census: Census | Exception,
+    sender: str,
+    origins: Collection[str] | None = None,
+    outbox: str | None = None,
+) -> DrainReport:
+    """The report with what the drain left, and why: counted, and said in the log.
+
+    ``sender`` and ``origins`` are this client's; ``outbox`` names the store drained.
+    """
+    report = report.model_copy(
+        update={"sender": sender, "origins": tuple(sorted(origins or ())), "outbox": outbox}
+    )
     if isinstance(census, Exception):
         logger.warning("drain: could not count what it left (%s)", census)
         return report
+    report = report.model_copy(
+        update={
+            "not_ours": census.not_ours,
+            "foreign_senders": tuple(
+                ForeignSender(sender=f.sender, origin=f.origin, due=f.due) for f in census.foreign
+            ),
+            "in_flight_elsewhere": census.in_flight_elsewhere,
+            "next_lease_expiry": census.next_lease_expiry,
+            "settle_failing": census.settle_failing,
+        }
+    )
     if census.not_ours:
+        # Marked, so that the postonce command, which says it at the end, does not say it twice.
+        logger.warning("drain: %s", foreign_message(report), extra={FOREIGN_MARK: True})
+    if census.settle_failing:
         logger.warning(
-            "drain: %d due intents belong to another sender or origin than this client "
-            "(sender %r); they are left for a drain of their own client",
-            census.not_ours,
-            sender,
+            "drain: %d settlements of this client are still owed after their handler raised; "
+            "postonce outbox list shows why (settlement), and each is retried with backoff",
+            census.settle_failing,
         )
     if census.in_flight_elsewhere:
         logger.info(
@@ -199,13 +382,7 @@ def note_census(report: DrainReport, census: Census | Exception, sender: str) ->
             census.in_flight_elsewhere,
             census.next_lease_expiry,
         )
-    return report.model_copy(
-        update={
-            "not_ours": census.not_ours,
-            "in_flight_elsewhere": census.in_flight_elsewhere,
-            "next_lease_expiry": census.next_lease_expiry,
-        }
-    )
+    return report
 
 
 def count_outcome(tally: Tally, outcome: object) -> None:

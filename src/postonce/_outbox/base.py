@@ -20,7 +20,18 @@ from typing import Any, Protocol
 from .._frozen import maker, quick_init
 from .._intent import IntentRecord, Outcome, State, StoredResponse
 
-__all__ = ["AttemptRecord", "Census", "Lease", "NewIntent", "Opened", "Store", "run_calls"]
+__all__ = [
+    "FOREIGN_SHOWN",
+    "AttemptRecord",
+    "Census",
+    "Foreign",
+    "Lease",
+    "NewIntent",
+    "Opened",
+    "Purged",
+    "Store",
+    "run_calls",
+]
 
 
 @quick_init
@@ -81,12 +92,49 @@ class Opened:
 
 
 @dataclass(frozen=True, slots=True)
+class Foreign:
+    """Due intents a drain may not send, of one sender and origin: whose client sends them."""
+
+    sender: str | None  # None: written before sender identities were kept (adopted on open)
+    origin: str | None
+    due: int
+
+
+@dataclass(frozen=True, slots=True)
 class Census:
     """What a drain could not finish, and why: nothing unfinished is invisible."""
 
     not_ours: int  # due, but another sender's or to another origin
     in_flight_elsewhere: int  # this sender's, leased by another owner (live, or not yet known dead)
     next_lease_expiry: float | None  # the earliest of those leases' expiries
+    #: Whose the ``not_ours`` intents are, most first (at most FOREIGN_SHOWN groups).
+    #: Empty from a store that does not say (its ``not_ours`` still counts them).
+    foreign: tuple[Foreign, ...] = ()
+    #: This sender's settlements still owed after their handler raised.
+    settle_failing: int = 0
+
+
+#: The most sender-and-origin groups a census names; ``not_ours`` counts them all.
+FOREIGN_SHOWN = 10
+
+
+class Purged(int):
+    """What ``purge`` returns: how many intents it purged (or tombstones it deleted).
+
+    An ``int``, so a caller that counts keeps working; ``kept_owed`` is how
+    many of that age it kept because their settlement is still owed (a store
+    that returns a plain ``int`` does not say).
+    """
+
+    kept_owed: int
+
+    def __new__(cls, purged: int, kept_owed: int = 0) -> Purged:
+        made = super().__new__(cls, purged)
+        made.kept_owed = kept_owed
+        return made
+
+    def __repr__(self) -> str:
+        return f"Purged({int(self)}, kept_owed={self.kept_owed})"
 
 
 @quick_init
@@ -224,7 +272,18 @@ class Store(Protocol):
         settle_hold: float | None = None,
     ) -> IntentRecord: ...
 
-    def purge(self, *, before: float, tombstones: bool, now: float) -> int: ...
+    def purge(self, *, before: float, tombstones: bool, now: float) -> int:
+        """Forget succeeded, failed and cancelled intents last changed before ``before``.
+
+        Each keeps a tombstone; ``tombstones=True`` deletes tombstones purged
+        before ``before`` instead. Never purges an expired or indeterminate
+        intent (``decide.PURGEABLE``), nor one whose settlement is still owed
+        (``settle_due_at`` set): its handler has not heard of it yet. Returns
+        how many were purged, as a :class:`Purged` whose ``kept_owed`` counts
+        those of that age kept for an owed settlement (a plain ``int`` is
+        accepted from a custom store: the CLI then does not say).
+        """
+        ...
 
     def export_rows(self) -> Iterator[dict[str, Any]]: ...
 

@@ -21,7 +21,7 @@ from .._exceptions import IntentConflict
 from .._intent import UNRESOLVED, IntentRecord, State
 from .._lease import alive as lease_owner_alive
 from . import decide
-from .base import AttemptRecord, Census, Lease, NewIntent, Opened
+from .base import AttemptRecord, Census, Lease, NewIntent, Opened, Purged
 from .rows import COLUMN_NAMES, decode_attempt, decode_row
 from .store import Mine, StoreBase, Take
 
@@ -349,31 +349,36 @@ class MemoryOutbox(StoreBase):
             self._change(found, changes)
             return after
 
-    def purge(self, *, before: float, tombstones: bool, now: float) -> int:
-        """Forget finished intents last changed before ``before`` (never unresolved expired ones).
+    def purge(self, *, before: float, tombstones: bool, now: float) -> Purged:
+        """Forget finished intents last changed before ``before``; see ``Store.purge``.
 
         By default each keeps a tombstone (reference, key, fingerprint, state),
         so the same reference is never executed again; ``tombstones=True``
-        deletes tombstones of that age instead.
+        deletes tombstones of that age instead. Expired and indeterminate
+        intents, and any whose settlement is still owed, are kept.
         """
         with self._write():
             if tombstones:
-                gone = [r for r in self._rows.values() if (r.get("purged_at") or before) < before]
-                for row in gone:
+                aged = [r for r in self._rows.values() if (r.get("purged_at") or before) < before]
+            else:
+                aged = [
+                    r
+                    for r in self._rows.values()
+                    if r["state"] in decide.PURGEABLE
+                    and r["updated_at"] < before
+                    and r.get("purged_at") is None
+                ]
+            # A row whose settlement is owed keeps its answer until its handler has it.
+            gone = [r for r in aged if r.get("settle_due_at") is None]
+            kept = len(aged) - len(gone)
+            for row in gone:
+                if tombstones:
                     del self._rows[row["id"]], self._attempts[row["id"]]
                     del self._by_reference[row["reference"]], self._by_key[row["key"]]
-                return len(gone)
-            finished = [
-                r["id"]
-                for r in self._rows.values()
-                if r["state"] in decide.PURGEABLE
-                and r["updated_at"] < before
-                and r.get("purged_at") is None
-            ]
-            for intent_id in finished:
-                self._change(intent_id, decide.purged(now))
-                self._attempts[intent_id] = ()
-            return len(finished)
+                else:
+                    self._change(row["id"], decide.purged(now))
+                    self._attempts[row["id"]] = ()
+            return Purged(len(gone), kept)
 
     def export_rows(self) -> Iterator[dict[str, Any]]:
         """Every intent with its attempts, as plain data (one consistent snapshot)."""

@@ -23,7 +23,7 @@ from .._exceptions import IntentConflict
 from .._intent import IntentRecord, State
 from .._lease import alive as lease_owner_alive
 from . import decide
-from .base import AttemptRecord, Census, Lease, NewIntent, Opened, new_lease
+from .base import AttemptRecord, Census, Foreign, Lease, NewIntent, Opened, Purged, new_lease
 from .rows import COLUMNS, decode_attempt, decode_row
 from .store import Mine, StoreBase, Take
 
@@ -391,17 +391,32 @@ class SQLStore(StoreBase):
             " AND origin IS NOT NULL" if mine.origins is not None else ""
         )
         theirs = f"NOT ({guard}{only})"
-        ((not_ours, leased, expiry),) = self._select(
+        ((not_ours, leased, expiry, failing),) = self._select(
             f"SELECT (SELECT count(*) FROM {{intents}} WHERE state = 'pending'"
             f" AND due_at <= ? AND {theirs}) + (SELECT count(*) FROM {{leases}}"
             f" WHERE state = 'sending' AND lease_expires_at <= ? AND {theirs}),"
             " (SELECT count(*) FROM {leases}"
             f" WHERE state = 'sending' AND lease_expires_at > ?{only}),"
             " (SELECT min(lease_expires_at) FROM {leases}"
-            f" WHERE state = 'sending' AND lease_expires_at > ?{only})",
-            (now, *params, now, *params, now, *params, now, *params),
+            f" WHERE state = 'sending' AND lease_expires_at > ?{only}),"
+            " (SELECT count(*) FROM {intents}"
+            f" WHERE settle_due_at IS NOT NULL AND settle_attempts > 0{only})",
+            (now, *params, now, *params, now, *params, now, *params, *params),
         )
-        return Census(int(not_ours), int(leased), expiry)
+        foreign: tuple[Foreign, ...] = ()
+        if not_ours:
+            # Read only when there are some: whose they are, for the message that
+            # tells a person which client's drain sends them.
+            groups = self._select(
+                "SELECT sender, origin, count(*) FROM"
+                " (SELECT sender, origin FROM {intents} WHERE state = 'pending'"
+                f" AND due_at <= ? AND {theirs} UNION ALL SELECT sender, origin FROM {{leases}}"
+                f" WHERE state = 'sending' AND lease_expires_at <= ? AND {theirs}) due"
+                " GROUP BY sender, origin",
+                (now, *params, now, *params),
+            )
+            foreign = decide.foreign_of((s, o, int(n)) for s, o, n in groups)
+        return Census(int(not_ours), int(leased), expiry, foreign, int(failing))
 
     def get(self, reference: str) -> IntentRecord | None:
         rows = self._select(f"SELECT {COLUMNS} FROM {{intents}} WHERE reference = ?", (reference,))
@@ -494,24 +509,29 @@ class SQLStore(StoreBase):
             self._ended(conn, record.id, changes)
         return after
 
-    def purge(self, *, before: float, tombstones: bool, now: float) -> int:
-        """Forget finished intents last changed before ``before`` (never unresolved expired ones).
+    def purge(self, *, before: float, tombstones: bool, now: float) -> Purged:
+        """Forget finished intents last changed before ``before``; see ``Store.purge``.
 
         By default each keeps a tombstone (reference, key, fingerprint, state),
         so the same reference is never executed again; ``tombstones=True``
-        deletes tombstones of that age instead.
+        deletes tombstones of that age instead. Expired and indeterminate
+        intents, and any whose settlement is still owed, are kept.
         """
         if tombstones:
-            ids = "SELECT id FROM {intents} WHERE purged_at IS NOT NULL AND purged_at < ?"
+            aged = "purged_at IS NOT NULL AND purged_at < ?"
             params: tuple[object, ...] = (before,)
         else:
             marks = ", ".join("?" for _ in decide.PURGEABLE)
-            ids = (
-                f"SELECT id FROM {{intents}} WHERE state IN ({marks})"
-                " AND updated_at < ? AND purged_at IS NULL"
-            )
+            aged = f"state IN ({marks}) AND updated_at < ? AND purged_at IS NULL"
             params = (*decide.PURGEABLE, before)
+        # A row whose settlement is owed keeps its answer until its handler has it.
+        ids = f"SELECT id FROM {{intents}} WHERE {aged} AND settle_due_at IS NULL"
         with self._write(durable=True) as conn:
+            ((kept,),) = self._run(
+                conn,
+                f"SELECT count(*) FROM {{intents}} WHERE {aged} AND settle_due_at IS NOT NULL",
+                params,
+            ).fetchall()
             self._run(conn, f"DELETE FROM {{attempts}} WHERE intent_id IN ({ids})", params)
             if tombstones:
                 cur = self._run(conn, f"DELETE FROM {{intents}} WHERE id IN ({ids})", params)
@@ -523,4 +543,4 @@ class SQLStore(StoreBase):
                     f"UPDATE {{intents}} SET {sets} WHERE id IN ({ids})",
                     (*changes.values(), *params),
                 )
-            return int(cur.rowcount)
+            return Purged(int(cur.rowcount), int(kept))
