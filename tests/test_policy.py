@@ -12,6 +12,7 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
+from postonce._exceptions import ConfigurationError
 from postonce._intent import Outcome
 from postonce._policy import RetryPolicy, backoff, horizon_at, retry_after
 from postonce.providers import BUILTIN_PROVIDERS, Provider
@@ -172,8 +173,8 @@ def test_horizon_at_custom(retention: timedelta, margin: float, offset: float) -
     ],
 )
 def test_retry_policy_rejects(fields: Mapping[str, Any]) -> None:
-    """An inconsistent or out-of-range RetryPolicy raises ValidationError."""
-    with pytest.raises(ValidationError):
+    """An inconsistent or out-of-range RetryPolicy raises ConfigurationError (postonce's words)."""
+    with pytest.raises(ConfigurationError):
         RetryPolicy.model_validate(fields)
 
 

@@ -24,6 +24,7 @@ from ._exceptions import (
     InvalidRequest,
     OutboxError,
     PostonceError,
+    UnknownIntent,
     UnknownProvider,
 )
 from ._intent import IntentInfo, IntentRecord, Outcome, State, StoredResponse
@@ -92,6 +93,7 @@ __all__ = [
     "StatusRule",
     "Store",
     "StoredResponse",
+    "UnknownIntent",
     "UnknownProvider",
     "__version__",
     "default_outbox_path",

@@ -19,7 +19,8 @@ import anyio
 import httpx
 from typing_extensions import Unpack
 
-from ._base import BaseClient, OnceOptions, named, with_options
+from ._arguments import refuse_unknown
+from ._base import BaseClient, OnceOptions, _is_coroutine_function, named, with_options
 from ._budget import RetryBudget
 from ._drain import (
     JUST_BEFORE,
@@ -33,6 +34,7 @@ from ._drain import (
     least_batch,
     next_batch,
     note_census,
+    outbox_name,
 )
 from ._exceptions import ConfigurationError, OutboxError, PostonceError
 from ._flow import Abandoned, Callback, Effect, Send, Sender, Sleep, StoreCall, run
@@ -186,7 +188,17 @@ class AsyncClient(BaseClient):
         a send that may have been written is recorded as ambiguous and left
         pending for the drain; a claim that sent nothing is released.
         """
-        prepared, sender, new = self._plan(method, url, **options)
+        return await self._once(method, url, options, "request_once")
+
+    async def _once(
+        self, method: str, url: httpx.URL | str, options: OnceOptions, called: str
+    ) -> httpx.Response:
+        """A ``*_once`` call; ``called`` names the public method, for a misspelt option."""
+        try:
+            prepared, sender, new = self._plan(method, url, **options)
+        except TypeError:
+            refuse_unknown(self, called, options)  # a misspelt option, named; else as raised
+            raise
         try:
             ticket = self._begin_call()
         except PostonceError as exc:
@@ -342,7 +354,13 @@ class AsyncClient(BaseClient):
                 elif isinstance(effect, Sleep):
                     await anyio.sleep(effect.seconds)
                 elif isinstance(effect, Callback):
-                    value = effect.fn(effect.arg)
+                    if _is_coroutine_function(effect.fn):
+                        value = effect.fn(effect.arg)
+                    else:
+                        # A plain on_settled/reconcile may block (a database write, a
+                        # provider lookup): on a worker thread, the loop runs on. The
+                        # context is copied, so close() inside it is still caught.
+                        value = await anyio.to_thread.run_sync(effect.fn, effect.arg)
                     if inspect.isawaitable(value):
                         value = await value
                 else:
@@ -372,28 +390,28 @@ class AsyncClient(BaseClient):
         self, url: httpx.URL | str, **options: Unpack[OnceOptions]
     ) -> httpx.Response:
         """``request_once("POST", url, ...)``: the usual case."""
-        return await self.request_once("POST", url, **options)
+        return await self._once("POST", url, options, "post_once")
 
     @with_options
     async def put_once(
         self, url: httpx.URL | str, **options: Unpack[OnceOptions]
     ) -> httpx.Response:
         """``request_once("PUT", url, ...)``."""
-        return await self.request_once("PUT", url, **options)
+        return await self._once("PUT", url, options, "put_once")
 
     @with_options
     async def patch_once(
         self, url: httpx.URL | str, **options: Unpack[OnceOptions]
     ) -> httpx.Response:
         """``request_once("PATCH", url, ...)``."""
-        return await self.request_once("PATCH", url, **options)
+        return await self._once("PATCH", url, options, "patch_once")
 
     @with_options
     async def delete_once(
         self, url: httpx.URL | str, **options: Unpack[OnceOptions]
     ) -> httpx.Response:
         """``request_once("DELETE", url, ...)``."""
-        return await self.request_once("DELETE", url, **options)
+        return await self._once("DELETE", url, options, "delete_once")
 
     # -- the drain -----------------------------------------------------------
 
@@ -495,7 +513,7 @@ class AsyncClient(BaseClient):
             counted: Census | OutboxError = await thread.call(census.method, census.kwargs)
         except OutboxError as exc:
             counted = exc
-        return note_census(report, counted, self.sender)
+        return note_census(report, counted, self.sender, self.origins, outbox_name(thread.store))
 
     # -- life cycle ----------------------------------------------------------
 

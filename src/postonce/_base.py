@@ -21,6 +21,7 @@ from typing import Any, Literal, TypedDict, TypeVar
 
 import httpx
 
+from ._arguments import check_wait
 from ._budget import RetryBudget
 from ._drain import Tally
 from ._exceptions import (
@@ -30,6 +31,7 @@ from ._exceptions import (
     InvalidRequest,
     OutboxError,
     PostonceError,
+    UnknownIntent,
     UnknownProvider,
 )
 from ._flow import Effect, Sender, StoreCall, from_outbox, send_claimed
@@ -136,7 +138,7 @@ class OnceOptions(TypedDict, total=False):
       and in the CLI. The first call's ``meta`` is kept.
     """
 
-    intent: str | OneOff
+    intent: str | OneOff | None
     key: str | None
     json: Any
     content: Any
@@ -208,9 +210,19 @@ def encode_meta(meta: Any, intent: str | None) -> str | None:
         text = COMPACT_JSON.encode(meta)
     except (TypeError, ValueError) as exc:
         raise InvalidRequest(f"meta= must be JSON-serialisable: {exc}", intent=intent) from exc
-    if len(text.encode()) > META_LIMIT:
+    try:
+        size = len(text.encode())
+    except UnicodeEncodeError as exc:
+        # A lone surrogate (a bad decode's leftover) has no UTF-8 spelling: no outbox
+        # can keep it. A NUL is fine here: JSON spells it \u0000, which every outbox keeps.
         raise InvalidRequest(
-            f"meta= holds {len(text.encode())} bytes of JSON; at most {META_LIMIT} are kept "
+            f"meta= holds a lone surrogate ({text[exc.start]!a}) in a string, which "
+            "no outbox can store (it has no UTF-8 spelling); nothing was stored or sent",
+            intent=intent,
+        ) from exc
+    if size > META_LIMIT:
+        raise InvalidRequest(
+            f"meta= holds {size} bytes of JSON; at most {META_LIMIT} are kept "
             "(store a reference to your own record instead)",
             intent=intent,
         )
@@ -909,46 +921,84 @@ class BaseClient:
         return self.origins is None or record.origin is None or record.origin in self.origins
 
     def _aftercare(self, tally: Tally) -> Generator[Effect, Any, None]:
-        """A drain's pass over what ended: reconcile expired intents, deliver owed settlements."""
+        """A drain's pass over what ended: reconcile unresolved intents, deliver settlements.
+
+        Each reconciliation and each settlement stands alone: one that fails
+        (the application's function raised or answered nonsense, or the outbox
+        could not record its result) is logged, counted in the report
+        (``reconcile_failed``, ``settle_failed``) and tried again in a later
+        pass; it never ends the drain, nor keeps the others from their turn.
+        """
+        settle_failed = tally.adder("settle_failed")
         if self.reconcile is not None:
-            expired: list[IntentRecord] = yield StoreCall(
-                "claim_expired",
-                {
-                    "sender": self.sender,
-                    "now": self._clock(),
-                    "limit": 64,
-                    "every": self.reconcile_every,
-                    "origins": self.origins,
-                },
-            )
-            for record in expired:
-                resolved = yield from reconcile_flow(
-                    self.reconcile,
-                    record,
-                    sender=self.sender,
-                    clock=self._clock,
-                    settle_hold=self.lease_seconds if self.on_settled is not None else None,
+            unresolved: list[IntentRecord] = []
+            try:
+                unresolved = yield StoreCall(
+                    "claim_expired",
+                    {
+                        "sender": self.sender,
+                        "now": self._clock(),
+                        "limit": 64,
+                        "every": self.reconcile_every,
+                        "origins": self.origins,
+                    },
                 )
-                if resolved is not None:
-                    tally.add("reconciled")
-                    if self.on_settled is not None and (
-                        yield from settle_flow(self.on_settled, resolved, self._clock, self._lib)
+            except Exception as exc:
+                tally.aftercare_failed("errors", "claiming intents to reconcile", None, exc)
+            for record in unresolved:
+                try:
+                    resolved = yield from reconcile_flow(
+                        self.reconcile,
+                        record,
+                        sender=self.sender,
+                        clock=self._clock,
+                        settle_hold=self.lease_seconds if self.on_settled is not None else None,
+                        failed=tally.adder("reconcile_failed"),
+                    )
+                except Exception as exc:
+                    tally.aftercare_failed(
+                        "reconcile_failed", "recording its resolution", record, exc
+                    )
+                    continue
+                if resolved is None:
+                    continue
+                tally.add("reconciled")
+                if self.on_settled is None:
+                    continue
+                try:
+                    if (
+                        yield from settle_flow(
+                            self.on_settled, resolved, self._clock, self._lib, failed=settle_failed
+                        )
                     ):
                         tally.add("settled")
+                except Exception as exc:
+                    tally.aftercare_failed("settle_failed", "recording its settlement", record, exc)
         if self.on_settled is not None:
-            owed: list[IntentRecord] = yield StoreCall(
-                "claim_settlements",
-                {
-                    "sender": self.sender,
-                    "now": self._clock(),
-                    "limit": 64,
-                    "hold": self.lease_seconds,
-                    "origins": self.origins,
-                },
-            )
+            owed: list[IntentRecord] = []
+            try:
+                owed = yield StoreCall(
+                    "claim_settlements",
+                    {
+                        "sender": self.sender,
+                        "now": self._clock(),
+                        "limit": 64,
+                        "hold": self.lease_seconds,
+                        "origins": self.origins,
+                    },
+                )
+            except Exception as exc:
+                tally.aftercare_failed("errors", "claiming owed settlements", None, exc)
             for record in owed:
-                if (yield from settle_flow(self.on_settled, record, self._clock, self._lib)):
-                    tally.add("settled")
+                try:
+                    if (
+                        yield from settle_flow(
+                            self.on_settled, record, self._clock, self._lib, failed=settle_failed
+                        )
+                    ):
+                        tally.add("settled")
+                except Exception as exc:
+                    tally.aftercare_failed("settle_failed", "recording its settlement", record, exc)
 
     def _operator_flow(
         self, intent: str, to: State, note: str
@@ -959,7 +1009,7 @@ class BaseClient:
         """
         found: IntentRecord | None = yield StoreCall("get", {"reference": intent})
         if found is None:
-            raise KeyError(intent)
+            raise UnknownIntent("no intent of this name is stored in this outbox", intent=intent)
         if not self._ours(found):
             raise IntentConflict(
                 f"it belongs to sender {found.sender!r} at {found.origin}, not to this client "
@@ -990,8 +1040,11 @@ class BaseClient:
         Yields None to have the intent read (sent back: its record), or
         ``(intent id, seconds)`` to have the outbox waited on for a change (sent
         back: anything). Returns the final answer; raises its terminal error,
-        ``KeyError`` or ``IntentPending`` after ``timeout`` seconds.
+        ``UnknownIntent`` or ``IntentPending`` after ``timeout`` seconds, and
+        ``InvalidRequest`` for a name no outbox can hold or a timeout that is
+        not a finite number of seconds, before anything is read.
         """
+        timeout = check_wait(intent, timeout)
         deadline = time.monotonic() + timeout
         while True:
             record = yield None
@@ -1011,8 +1064,19 @@ class BaseClient:
 
         Another sender's intent is unknown here: its answer is that sender's.
         """
-        if record is None or not self._ours(record):
-            raise KeyError(intent)
+        if record is None:
+            raise UnknownIntent(
+                "no intent of this name is stored in this outbox (or it was purged with its "
+                "tombstone)",
+                intent=intent,
+            )
+        if not self._ours(record):
+            raise UnknownIntent(
+                f"the intent of this name belongs to sender {record.sender!r} at "
+                f"{record.origin}, not to this client ({self.sender!r}); wait for it through "
+                "that client",
+                intent=intent,
+            )
         if record.state not in TERMINAL:
             return None
         return from_outbox(record, self._lib)

@@ -11,6 +11,7 @@ from typing import Any, Literal
 import httpx
 from typing_extensions import Unpack
 
+from ._arguments import refuse_unknown
 from ._base import (
     BaseClient,
     OnceOptions,
@@ -26,6 +27,7 @@ from ._drain import (
     count_outcome,
     flows_for,
     note_census,
+    outbox_name,
     run_drain,
     stop_on_signals,
 )
@@ -137,18 +139,31 @@ class Client(BaseClient):
         """Send ``method url`` once per intent; return the one true answer.
 
         ``intent`` names what you want done once (``"order-1234/charge"``);
-        without it the call is its own intent. The intent is committed to the
+        it is required (or a ``key=`` of yours names the intent; ``postonce.ONE_OFF``
+        makes the call deliberately its own intent). The intent is committed to the
         outbox before the first send. A final answer (2xx, or a 4xx such as
         402) is returned as the ``httpx.Response``; calling again with the same
         ``intent`` returns it from the outbox (``extensions["postonce"]``
         says so) or resumes the pending intent with its stored key.
 
-        Raises :class:`IntentPending` when the retry budget runs out first,
+        Raises :class:`IntentPending` when the retry budget runs out first (or
+        the outbox failed after the intent was stored: the drain finishes it),
+        :class:`IntentIndeterminate` when the answer leaves the effect unknown,
         :class:`IntentExpired` when the provider may have forgotten the key,
         :class:`IdempotencyKeyMismatch`, :class:`IntentConflict`, or
-        :class:`InvalidRequest` / :class:`OutboxError` before anything is sent.
+        :class:`InvalidRequest` / :class:`OutboxError` when nothing was stored or sent.
         """
-        prepared, sender, new = self._plan(method, url, **options)
+        return self._once(method, url, options, "request_once")
+
+    def _once(
+        self, method: str, url: httpx.URL | str, options: OnceOptions, called: str
+    ) -> httpx.Response:
+        """A ``*_once`` call; ``called`` names the public method, for a misspelt option."""
+        try:
+            prepared, sender, new = self._plan(method, url, **options)
+        except TypeError:
+            refuse_unknown(self, called, options)  # a misspelt option, named; else as raised
+            raise
         try:
             ticket = self._begin_call()
         except PostonceError as exc:
@@ -187,9 +202,10 @@ class Client(BaseClient):
         """The final answer of ``intent``, as soon as any process on this outbox ends it.
 
         Raises the intent's terminal error (``IntentExpired``, ...) as ``post_once``
-        would, ``KeyError`` for an unknown intent, and ``IntentPending`` when
-        ``timeout`` seconds pass first. On PostgreSQL it listens for the outbox's
-        notifications; elsewhere it polls.
+        would, :class:`UnknownIntent` (a ``KeyError``) for an intent this client
+        does not have, and ``IntentPending`` when ``timeout`` seconds pass first;
+        a timeout that is negative, infinite or NaN is :class:`InvalidRequest`.
+        On PostgreSQL it listens for the outbox's notifications; elsewhere it polls.
         """
         with self._in_call():
             return self._wait(intent, timeout)
@@ -292,22 +308,22 @@ class Client(BaseClient):
     @with_options
     def post_once(self, url: httpx.URL | str, **options: Unpack[OnceOptions]) -> httpx.Response:
         """``request_once("POST", url, ...)``: the usual case."""
-        return self.request_once("POST", url, **options)
+        return self._once("POST", url, options, "post_once")
 
     @with_options
     def put_once(self, url: httpx.URL | str, **options: Unpack[OnceOptions]) -> httpx.Response:
         """``request_once("PUT", url, ...)``."""
-        return self.request_once("PUT", url, **options)
+        return self._once("PUT", url, options, "put_once")
 
     @with_options
     def patch_once(self, url: httpx.URL | str, **options: Unpack[OnceOptions]) -> httpx.Response:
         """``request_once("PATCH", url, ...)``."""
-        return self.request_once("PATCH", url, **options)
+        return self._once("PATCH", url, options, "patch_once")
 
     @with_options
     def delete_once(self, url: httpx.URL | str, **options: Unpack[OnceOptions]) -> httpx.Response:
         """``request_once("DELETE", url, ...)``."""
-        return self.request_once("DELETE", url, **options)
+        return self._once("DELETE", url, options, "delete_once")
 
     # -- the drain -----------------------------------------------------------
 
@@ -396,7 +412,13 @@ class Client(BaseClient):
             )
         # Counted after the drain, best effort: a drain that could not count still drained.
         census = self._census_call()
-        return note_census(report, outcome_of(lambda: census.on(store)), self.sender)
+        return note_census(
+            report,
+            outcome_of(lambda: census.on(store)),
+            self.sender,
+            self.origins,
+            outbox_name(store),
+        )
 
     def _aftercare_quietly(self, store: Store, tally: Tally) -> None:
         """Reconcile and settle between drain passes; an outbox failure waits for the next."""

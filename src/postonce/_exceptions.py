@@ -8,6 +8,7 @@ Every error postonce raises derives from :class:`PostonceError`::
     ├── InvalidRequest            this call's input was refused before anything was stored
     │   └── InvalidKey            a key the provider cannot take raw on the wire
     ├── OutboxError               the outbox could not be opened, read or written
+    ├── UnknownIntent             no intent of this client has that name (also a KeyError)
     └── IntentError               what became of one stored intent
         ├── IntentConflict        same intent, different request (nothing sent)
         ├── IntentPending         the foreground gave up; the intent waits for the drain
@@ -23,8 +24,9 @@ Errors raised while handling an intent carry the caller's name for it as
 exists, its ``key``, and name both in their message (an ``IntentError``
 always has both). ``reference`` is a deprecated alias of ``intent``; the
 constructors take ``intent=`` and, as before, ``reference=``. Delivery
-outcomes that are answers (a 402, a 500 the provider replays) are not errors:
-they come back as the ``httpx.Response``.
+outcomes that are answers (a 402, a 4xx the provider gives) are not errors:
+they come back as the ``httpx.Response``. An answer that leaves the effect
+unknown (a 5xx the provider stored and replays) is ``IntentIndeterminate``.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ __all__ = [
     "InvalidRequest",
     "OutboxError",
     "PostonceError",
+    "UnknownIntent",
     "UnknownProvider",
 ]
 
@@ -119,6 +122,18 @@ class OutboxError(PostonceError):
 
     When this is raised on the write-ahead commit, nothing was sent.
     """
+
+
+class UnknownIntent(PostonceError, KeyError):
+    """No intent of this client is stored under the name asked for.
+
+    Also a ``KeyError``, which ``wait()``, ``resolve()`` and ``cancel()`` raised
+    before: code that caught that still catches this.
+    """
+
+    def __str__(self) -> str:
+        # KeyError's own str() is the repr of its argument: the message in quotes.
+        return self._render()
 
 
 class IntentError(PostonceError):
@@ -214,9 +229,10 @@ class IntentPurged(IntentError):
 
 
 class IntentResolved(IntentError):
-    """The intent expired and an operator resolved it; there is no answer to return.
+    """The intent expired or was indeterminate, and was resolved; there is no answer to return.
 
-    ``state`` is what the operator recorded (succeeded or failed), ``note`` why.
+    ``state`` is what the operator or the reconciler recorded (succeeded or
+    failed), ``note`` why.
     """
 
     def __init__(

@@ -13,7 +13,15 @@ from urllib.parse import urlencode
 from ._exceptions import InvalidKey, InvalidRequest
 from .providers import Provider
 
-__all__ = ["canonical_form", "canonical_json", "check_form", "check_key", "fingerprint", "mint_key"]
+__all__ = [
+    "canonical_form",
+    "canonical_json",
+    "check_form",
+    "check_key",
+    "fingerprint",
+    "mint_key",
+    "unstorable",
+]
 
 _SCALARS = (str, int, float, bool, type(None))
 
@@ -32,6 +40,25 @@ def mint_key() -> str:
     h = os.urandom(16).hex()
     variant = "89ab"[int(h[16], 16) & 3]
     return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{variant}{h[17:20]}-{h[20:]}"
+
+
+def unstorable(text: str) -> tuple[str, int] | None:
+    """The first character no outbox can store, as (what it is, its index); None if none.
+
+    A NUL: PostgreSQL's text refuses it while SQLite keeps it, so an intent
+    would be storable on one backend and not on another. A lone surrogate
+    (``"\\ud800"``, as a bad decode leaves): no UTF-8 spelling exists, so no
+    backend can write it. Plain ASCII without a NUL, the usual text, is
+    answered without a scan in Python.
+    """
+    if "\x00" not in text and text.isascii():
+        return None
+    for index, char in enumerate(text):
+        if char == "\x00":
+            return "a NUL character", index
+        if "\ud800" <= char <= "\udfff":
+            return f"a lone surrogate ({char!a})", index
+    return None
 
 
 def check_key(key: object, provider: Provider, *, reference: str | None) -> str:

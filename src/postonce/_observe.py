@@ -216,7 +216,7 @@ def _log(detail: object) -> None:
     if isinstance(detail, AttemptDetail):
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(
-                "intent %r attempt %d: %s (%s)",
+                "intent %r attempt %d of its life (every call and drain): %s (%s)",
                 detail.intent,
                 detail.attempt,
                 detail.outcome.value,
@@ -244,7 +244,8 @@ def _log(detail: object) -> None:
         )
     elif isinstance(detail, GiveUpDetail):
         logger.warning(
-            "intent %r is pending after %d attempt(s): %s; the drain will finish it",
+            "intent %r is pending after %d attempt(s) in its life (every call and drain): %s; "
+            "the drain will finish it",
             detail.intent,
             detail.attempts,
             detail.reason,

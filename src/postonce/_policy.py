@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import difflib
 import email.utils
 import math
 import re
 from collections.abc import Mapping
 from datetime import timezone
+from typing import TYPE_CHECKING, Any
 
 import tenacity
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from ._exceptions import ConfigurationError
 from ._intent import Outcome
 from .providers import Provider
 
-__all__ = ["RetryPolicy", "backoff", "horizon_at", "retry_after"]
+__all__ = ["RetryPolicy", "backoff", "horizon_at", "policy_problem", "retry_after"]
 
 _SECONDS = re.compile(r"\s*(\d{1,12})\s*")
 _MILLIS = re.compile(r"\s*(\d{1,15}(?:\.\d{1,6})?)\s*")
@@ -50,11 +53,95 @@ class RetryPolicy(BaseModel):
     retry_after_max: float = Field(default=60.0, ge=0)
     horizon_margin: float = Field(default=0.1, ge=0, lt=1)
 
+    if not TYPE_CHECKING:  # mypy checks calls against the fields (pydantic's plugin)
+
+        def __init__(self, **fields: Any) -> None:
+            """Validate the fields; a refusal is a ConfigurationError naming field and rule."""
+            try:
+                super().__init__(**fields)
+            except ValidationError as exc:
+                # Not chained: the cause is pydantic's dump of the same facts, reworded here.
+                raise ConfigurationError(policy_problem(exc)) from None
+
     @model_validator(mode="after")
     def _ordered(self) -> RetryPolicy:
-        if self.wait_initial > self.wait_max or self.in_flight_initial > self.in_flight_max:
-            raise ValueError("an initial wait is greater than its maximum")
+        for initial, most in (("wait_initial", "wait_max"), ("in_flight_initial", "in_flight_max")):
+            if getattr(self, initial) > getattr(self, most):
+                raise ValueError(
+                    f"{initial}={getattr(self, initial)!r} is greater than "
+                    f"{most}={getattr(self, most)!r}: an initial wait must not exceed its maximum"
+                )
         return self
+
+
+#: Words for a RetryPolicy field that difflib cannot find: what they likely mean.
+_FIELD_ALIASES = {
+    "retries": "attempts",
+    "max_retries": "attempts",
+    "max_attempts": "attempts",
+    "tries": "attempts",
+    "deadline": "timeout",
+    "total_timeout": "timeout",
+    "backoff": "wait_initial",
+    "multiplier": "wait_initial",
+    "max_wait": "wait_max",
+    "exp_base": "wait_exp_base",
+}
+
+
+#: pydantic's error types for a bound, as words and the bound's name in ``ctx``.
+_BOUNDS = {
+    "greater_than_equal": ("at least", "ge"),
+    "greater_than": ("greater than", "gt"),
+    "less_than_equal": ("at most", "le"),
+    "less_than": ("less than", "lt"),
+}
+#: pydantic's error types for a value of the wrong kind, as the rule it broke.
+_KINDS = {
+    "finite_number": "must be a finite number",
+    "int_type": "must be a whole number",
+    "int_parsing": "must be a whole number",
+    "int_from_float": "must be a whole number",
+    "float_type": "must be a number",
+    "float_parsing": "must be a number",
+}
+
+
+def _rule(error: Mapping[str, Any]) -> str:
+    """One pydantic error as the rule the value broke."""
+    kind, ctx = error["type"], error.get("ctx") or {}
+    given = error.get("input")
+    if isinstance(given, float) and math.isnan(given):
+        return "must be a number, not NaN"
+    if kind in _BOUNDS:
+        words, name = _BOUNDS[kind]
+        bound = ctx.get(name)
+        return (
+            f"must be {words} {bound:g}" if isinstance(bound, float) else f"must be {words} {bound}"
+        )
+    return _KINDS.get(kind) or str(error.get("msg", kind))
+
+
+def policy_problem(exc: ValidationError) -> str:
+    """A RetryPolicy ValidationError as one sentence a field at a time, without pydantic's dump."""
+    fields = tuple(RetryPolicy.model_fields)
+    said = []
+    for error in exc.errors(include_url=False):
+        loc = error.get("loc") or ()
+        name = str(loc[0]) if loc else ""
+        if error["type"] == "extra_forbidden":
+            meant = _FIELD_ALIASES.get(name.lower()) or next(
+                iter(difflib.get_close_matches(name.lower(), fields, n=1, cutoff=0.6)), None
+            )
+            hint = f" (did you mean {meant}?)" if meant else ""
+            said.append(f"it has no field {name!r}{hint}; its fields are {', '.join(fields)}")
+        elif not name:  # a rule across fields (see _ordered): its message says it all
+            context = error.get("ctx") or {}
+            said.append(str(context.get("error", error.get("msg"))))
+        else:
+            said.append(f"{name}={error.get('input')!r} {_rule(error)}")
+    # dict.fromkeys: a union field (timeout: float | None) can report one value twice.
+    return "RetryPolicy: " + "; ".join(dict.fromkeys(said))
 
 
 def retry_after(headers: Mapping[str, str], now: float) -> float | None:

@@ -18,7 +18,7 @@ import httpx
 
 from ._exceptions import ConfigurationError, InvalidKey, InvalidRequest
 from ._frozen import maker, quick_init
-from ._keys import canonical_form, check_form, check_key, fingerprint, mint_key
+from ._keys import canonical_form, check_form, check_key, fingerprint, mint_key, unstorable
 from ._memo import ByIdentity
 from ._sender import DEFAULT_SECRET_PARAMS, origin_of
 from .providers import Provider
@@ -269,6 +269,14 @@ def prepare(
     method = method.upper()
     if intent is not None and (not isinstance(intent, str) or not intent or len(intent) > 1024):
         raise InvalidRequest("intent= must be a non-empty str of at most 1024 characters")
+    if intent is not None and (bad := unstorable(intent)) is not None:
+        # Not named in the error: its text is what cannot be kept (or shown) anywhere.
+        what, index = bad
+        raise InvalidRequest(
+            f"intent= holds {what} at index {index}, which no outbox can store "
+            "(PostgreSQL refuses a NUL, and a lone surrogate has no UTF-8 spelling); "
+            "nothing was stored or sent"
+        )
     # Most calls bring no headers of their own: no Headers object to build then.
     call_headers = httpx.Headers(headers) if headers else None
     field = provider.key_field

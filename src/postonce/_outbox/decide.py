@@ -14,10 +14,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+from collections import Counter
 from collections.abc import Callable, Iterable
 from json.encoder import encode_basestring_ascii as _json_string
 from typing import Any
 
+from .._diff import Request, done_advice, request_conflict
 from .._frozen import maker, replacer
 from .._intent import (
     TERMINAL,
@@ -30,7 +32,17 @@ from .._intent import (
 )
 from .._sender import origin_of
 from ..providers import same_provider
-from .base import AttemptRecord, Census, Lease, NewIntent, Opened, new_intent_record, new_lease
+from .base import (
+    FOREIGN_SHOWN,
+    AttemptRecord,
+    Census,
+    Foreign,
+    Lease,
+    NewIntent,
+    Opened,
+    new_intent_record,
+    new_lease,
+)
 
 __all__ = [
     "KEY_TAKEN",
@@ -46,6 +58,7 @@ __all__ = [
     "conflict_with",
     "created",
     "due_by",
+    "foreign_of",
     "insert_row",
     "lease_exit_deferred",
     "lease_free",
@@ -179,7 +192,16 @@ def conflict_with(record: IntentRecord, new: NewIntent) -> str | None:
     belongs to that sender, and sending it would use this client's credentials.
     """
     if record.sender is not None and new.sender is not None and record.sender != new.sender:
-        return f"it belongs to sender {record.sender!r}, not to this client ({new.sender!r})"
+        return (
+            f"it belongs to sender {record.sender!r}, not to this client ({new.sender!r}). "
+            "If another application writes to this outbox (by default one SQLite file per OS "
+            "user), give each application an outbox of its own: outbox= or the "
+            "POSTONCE_OUTBOX variable (or put the application in its intent names; see 'Two "
+            "applications on one host' in the senders guide). If it is this application under "
+            "new credentials, take "
+            f"its intents over with client.adopt({record.sender!r}), and give the client a "
+            "fixed name= so that the next rotation keeps its identity"
+        )
     if record.origin is not None and new.origin is not None and record.origin != new.origin:
         return f"it is addressed to {record.origin}, not to {new.origin}"
     if not same_provider(record.provider, new.provider):
@@ -191,7 +213,15 @@ def conflict_with(record: IntentRecord, new: NewIntent) -> str | None:
             f"{new.provider!r} (the key would travel or be kept differently)"
         )
     if record.fingerprint != new.fingerprint:
-        return "it is stored with a different request (method, path, query or body)"
+        # Only here, on a conflict, are the two requests compared part by part.
+        why = request_conflict(
+            Request(record.method, record.url, record.headers, record.body, record.key),
+            Request(new.method, new.url, new.headers, new.body, new.key),
+        )
+        if record.state in (State.FAILED, State.CANCELLED):
+            status = record.response.status if record.response is not None else None
+            why += ". " + done_advice(record.state.value, status)
+        return why
     if new.key_given and record.key != new.key:
         return "it is stored with a different key"
     return None
@@ -624,5 +654,24 @@ def census_of(
         and (r.lease_expires_at or 0.0) > now
         and admits(r.sender, r.origin)
     ]
-    not_ours = sum(1 for r in records if due_by(r, now) and not admits(r.sender, r.origin))
-    return Census(not_ours, len(held), min(held, default=None))
+    theirs = Counter(
+        (r.sender, r.origin) for r in records if due_by(r, now) and not admits(r.sender, r.origin)
+    )
+    failing = sum(
+        1
+        for r in records
+        if r.settle_due_at is not None and r.settle_attempts and admits(r.sender, r.origin)
+    )
+    return Census(
+        sum(theirs.values()),
+        len(held),
+        min(held, default=None),
+        foreign_of((sender, origin, due) for (sender, origin), due in theirs.items()),
+        failing,
+    )
+
+
+def foreign_of(groups: Iterable[tuple[str | None, str | None, int]]) -> tuple[Foreign, ...]:
+    """Whose due intents a drain may not send: the FOREIGN_SHOWN largest groups, most first."""
+    ranked = sorted(groups, key=lambda g: (-g[2], g[0] or "", g[1] or ""))
+    return tuple(Foreign(sender, origin, int(n)) for sender, origin, n in ranked[:FOREIGN_SHOWN])
