@@ -155,7 +155,8 @@ SCHEMA_ANSWER = (
 SCHEMA_SWEEP_ENDED = (
     "UPDATE intents SET lease_expires_at = NULL WHERE id IN ({marks})"
     " AND lease_expires_at IS NOT NULL AND fresh IS NULL"
-    " AND state IN ('cancelled', 'expired', 'failed', 'succeeded') AND lease_owner IS NULL"
+    " AND state IN ('cancelled', 'expired', 'failed', 'indeterminate', 'succeeded')"
+    " AND lease_owner IS NULL"
 )
 SCHEMA_SWEEP_TAIL = (
     "UPDATE intents SET fresh = NULL WHERE id > coalesce((SELECT upto FROM intents_swept), 0)"

@@ -282,9 +282,10 @@ def test_a_cancelled_aclose_still_lets_go_of_everything(tmp_path: object) -> Non
         async def call() -> None:
             try:
                 await client.post_once("/c", json={}, intent="stuck")
-            except postonce.OutboxError:
-                # Its clean-up record found the outbox let go of: the intent stays
-                # leased until the lease runs out, then a drain sends it again.
+            except postonce.IntentPending as exc:
+                # Its clean-up record found the outbox let go of: the intent is stored
+                # and stays leased until the lease runs out, then a drain sends it again.
+                assert isinstance(exc.__cause__, postonce.OutboxError)
                 ends.append("outbox let go")
 
         with anyio.fail_after(10):

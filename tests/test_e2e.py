@@ -52,22 +52,25 @@ def test_gateway_503_with_retry_after_then_success(
     assert len(server.effects_for(key)) == 1
 
 
-def test_stored_500_is_final_once_replayed(
+def test_stored_500_is_indeterminate_once_replayed(
     server: LoopbackServer, make_client: ClientFactory
 ) -> None:
-    """Stripe: a bare 500 is indeterminate (retried, same key); the replayed 500 is final."""
+    """Stripe: a bare 500 is retried with the same key; the replayed 500 ends it indeterminate."""
     client = make_client(server.base_url, provider="stripe")
-    response = client.post_once(
-        "/stripe/v1/charges", json={"amount": 1, "_test": {"status": 500}}, intent="s-500"
-    )
+    with pytest.raises(postonce.IntentIndeterminate) as raised:
+        client.post_once(
+            "/stripe/v1/charges", json={"amount": 1, "_test": {"status": 500}}, intent="s-500"
+        )
+    response = raised.value.response
+    assert response is not None
     assert response.status_code == 500
     assert response.extensions["postonce"].replayed is True
-    key = response.extensions["postonce"].key
+    key = raised.value.key
     assert len(server.requests_for(key)) == 2
     assert len(server.effects_for(key)) == 1
     record = client.lookup("s-500")
     assert record is not None
-    assert record.state is State.FAILED
+    assert record.state is State.INDETERMINATE
 
 
 def test_key_reused_with_another_body_is_a_mismatch(

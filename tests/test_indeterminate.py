@@ -98,6 +98,7 @@ def test_a_stored_500_is_reconciled_and_settled_once(
     assert shop.asked == ["order-1/charge"]
     assert report.reconciled == 1
     assert [(s.intent, s.state) for s in shop.settlements] == [("order-1/charge", State.SUCCEEDED)]
+    assert shop.settlements[0].response is None  # the 500 is not the answer of a charge found
 
     client.drain()  # a second pass neither asks again nor settles again
     assert shop.asked == ["order-1/charge"]

@@ -145,7 +145,7 @@ def test_a_write_ahead_confirmed_absent_is_an_outbox_error(
             raise OutboxError("disk full")
 
     store = RefusingStore(SQLiteStore(tmp_path / "o.sqlite3"))
-    with postonce.Client(server.base_url, outbox=store, retry=FAST) as client:  # type: ignore[arg-type]
+    with postonce.Client(server.base_url, outbox=store, retry=FAST) as client:
         with pytest.raises(OutboxError) as raised:
             client.post_once("/ietf/charges", json={"amount": 1}, intent="order-9/charge")
         assert client.lookup("order-9/charge") is None
@@ -181,7 +181,7 @@ def test_a_failed_record_after_the_send_is_intent_pending(
     store = ForgetfulStore(SQLiteStore(path))
     with postonce.Client(
         server.base_url,
-        outbox=store,  # type: ignore[arg-type]
+        outbox=store,
         retry=FAST,
         lease_seconds=0.5,
     ) as client:

@@ -833,7 +833,8 @@ def _conclude(
     if step.kind is StepKind.DEFER:
         why = (
             step.reason
-            or f"not final after {tried.number} attempt(s) (last: {tried.outcome.value})"
+            or f"not final after {tried.number} attempt(s) of its life "
+            f"(last: {tried.outcome.value})"
         )
         if foreground:
             emit(
