@@ -11,8 +11,8 @@ Candidates, each timed as requests per second (N requests / elapsed seconds):
   same durable work with none of postonce's features: a FULL write-ahead commit,
   group-committed per loop turn on one writer thread as postonce's are, the
   POST, and the commit of the answer;
-* ``postonce``: ``postonce.AsyncClient(durability="full").post_once(url, json=body)``,
-  a new intent per call (no ``intent=``): one group-committed FULL write-ahead
+* ``postonce``: ``postonce.AsyncClient(durability="full").post_once(url, json=body,
+  intent=postonce.ONE_OFF)``, a new intent per call: one group-committed FULL write-ahead
   commit on the outbox's writer thread, the POST, and the commit of the answer.
 
 both over two httpx transports: httpx's own (``httpx.AsyncClient(limits=...)``)

@@ -21,7 +21,8 @@ start-up (imports, schema) cancelled out. Arms:
 
 * ``raw``: ``httpx.Client.post(url, json=body, headers={"Idempotency-Key": uuid4})``;
 * ``floor``: ``benchmarks/floor.py`` with ``synchronous=NORMAL``;
-* ``postonce``: ``postonce.Client(durability="normal").post_once(url, json=body)``;
+* ``postonce``: ``postonce.Client(durability="normal").post_once(url, json=body,
+  intent=postonce.ONE_OFF)``;
 * ``schema`` (only if asked for, ``--arms raw,floor,schema,postonce``):
   ``floor.SchemaFloor`` NORMAL, the floor's Python running postonce's own
   statements on its schema; the SUMMARY then splits ``postonce - floor`` at it.

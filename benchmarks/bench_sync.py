@@ -19,8 +19,8 @@ all of them alike. ``--repeats`` repeats of ``--rounds`` rounds are measured.
    ``postonce / floor`` in two: ``schema / floor`` is what postonce's schema and
    SQL cost, ``postonce / schema`` what its Python costs on top.
 3. ``postonce NORMAL`` / ``postonce FULL``:
-   ``postonce.Client(durability=...).post_once(url, json=body)``, a new intent
-   per call.
+   ``postonce.Client(durability=...).post_once(url, json=body,
+   intent=postonce.ONE_OFF)``, a new intent per call.
 4. ``FULL commit``: ``BEGIN IMMEDIATE; INSERT`` a ~200-byte row ``; COMMIT``
    into a separate WAL-mode SQLite file with ``synchronous=FULL``, in the same
    directory as the outboxes: what one fsync'd commit costs on this disk.

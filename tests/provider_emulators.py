@@ -10,7 +10,9 @@ directly by tests.
 Families (the facts are in ``postonce.providers`` with their sources):
 
 * ``replayed`` (Stripe v1): the failing execution is stored and its 500 replayed
-  with ``Idempotent-Replayed: true``; ``"should_retry": false`` adds
+  with ``Idempotent-Replayed: true``; ``"slow_first": s`` answers the first
+  request only after ``s`` seconds (a client timeout: an ambiguous attempt);
+  ``"should_retry": false`` adds
   ``Stripe-Should-Retry: false`` to the 500. ``"conflict": n``: the first n
   requests find the key held by another request still running and get
   ``409 idempotency_key_in_use`` (with ``Stripe-Should-Retry: false`` if
@@ -31,6 +33,7 @@ Families (the facts are in ``postonce.providers`` with their sources):
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
@@ -71,6 +74,9 @@ class Emulator:
             status, headers, answer = self._ietf(key, body)
         else:
             status, headers, answer = self._answer(key, n, script)
+        if n == 1 and script.get("slow_first"):
+            # The first answer comes too late for the client: an ambiguous attempt.
+            await asyncio.sleep(float(script["slow_first"]))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": answer})
 
@@ -97,7 +103,8 @@ class Emulator:
             return 400, [(b"content-type", b"text/xml;charset=UTF-8")], xml
         if key in self.stored:
             status, answer = self.stored[key]
-            return status, [*json_type, (b"idempotent-replayed", b"true")], answer
+            hint = no_retry if status >= 500 else []
+            return status, [*json_type, (b"idempotent-replayed", b"true"), *hint], answer
         if self.family == "replayed" and failing:
             self._execute(key)  # execution began, then failed: the 500 is the stored answer
             self.stored[key] = (500, b'{"error":{"type":"api_error"}}')

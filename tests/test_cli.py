@@ -528,7 +528,9 @@ def test_drain_command_leaves_another_senders_intents(
     report = json.loads(result.stdout)
     assert (report["claimed"], report["not_ours"]) == (0, 1)
     origin = server.base_url  # http://127.0.0.1:PORT: already an origin
-    assert report["foreign_senders"] == [{"sender": "another-service", "origin": origin, "due": 1}]
+    (left,) = report["foreign_senders"]
+    assert left.pop("waiting_since") <= time.time() - 58  # its lease ran out a minute ago
+    assert left == {"sender": "another-service", "origin": origin, "due": 1, "orphaned": False}
     assert report["outbox"] == str(outbox_path.resolve())
     assert report["origins"] == [origin]
     (verdict,) = [line for line in result.stderr.splitlines() if "exit 3" in line]
@@ -547,7 +549,8 @@ def test_drain_command_leaves_another_senders_intents(
 
 
 def test_exit_status_says_the_first_that_applies_and_the_help_lists_each() -> None:
-    """1 (an intent's outcome) before 4 (handlers failing) before 3 (others' intents); 0 else."""
+    """1 (an intent's outcome) before 4 (handlers failing) before 5 (its own intents it cannot
+    send) before 3 (others' intents); 0 else."""
     from postonce._cli import exit_status
 
     report = postonce.DrainReport
@@ -556,11 +559,19 @@ def test_exit_status_says_the_first_that_applies_and_the_help_lists_each() -> No
     assert exit_status(report(indeterminate=1)) == 1
     assert exit_status(report(settle_failing=1, not_ours=1)) == 4
     assert exit_status(report(reconcile_failed=1)) == 4
+    assert exit_status(report(unsendable=1, settle_failing=1)) == 4
+    assert exit_status(report(unsendable=1, not_ours=1), accept_foreign=True) == 5
     assert exit_status(report(not_ours=2)) == 3
     assert exit_status(report(not_ours=2), accept_foreign=True) == 0
     code, out = cli("drain", "--help")
     assert code == 0
-    for line in ("0  all well", "1  an intent failed", "4  a settlement handler", "3  due intents"):
+    for line in (
+        "0  all well",
+        "1  an intent failed",
+        "4  a settlement handler",
+        "5  due intents of this client's sender",
+        "3  due intents",
+    ):
         assert line in out
     assert "--accept-foreign" in out
 
@@ -648,6 +659,7 @@ def test_a_relative_outbox_is_shown_resolved(
     assert code == 1
     assert f"no outbox at {tmp_path / 'absent' / 'outbox.sqlite3'}" in out
     seeded_outbox(tmp_path / "outbox.sqlite3")
+    time.sleep(0.06)  # FAST's waits are at most 50 ms: the seeded pending intents are due
     code, out = cli("outbox", "purge", "--older-than", "0s", "--outbox", "outbox.sqlite3")
     assert code == 0
     assert json.loads(out)["outbox"] == str(tmp_path / "outbox.sqlite3")

@@ -285,8 +285,9 @@ def test_a_cancelled_aclose_still_lets_go_of_everything(tmp_path: object) -> Non
             except postonce.IntentPending as exc:
                 # Its clean-up record found the outbox let go of: the intent is stored
                 # and stays leased until the lease runs out, then a drain sends it again.
-                assert isinstance(exc.__cause__, postonce.OutboxError)
-                ends.append("outbox let go")
+                ends.append(
+                    "outbox let go" if isinstance(exc.__cause__, postonce.OutboxError) else "other"
+                )
 
         with anyio.fail_after(10):
             async with anyio.create_task_group() as group:

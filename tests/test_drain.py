@@ -564,10 +564,11 @@ def test_census_names_whose_due_intents_a_drain_may_not_send(outbox: object) -> 
         )
         census = store.census(sender="me", origins=[mine], now=1100.0)
         assert census.not_ours == 4
+        # Each group says since when it waits: the first lease (of 1 s, at 1000) that ran out.
         assert census.foreign == (
-            Foreign("billing", mine, 2),
-            Foreign("me", elsewhere, 1),
-            Foreign("stripe#0123456789abcdef", mine, 1),
+            Foreign("billing", mine, 2, 1001.0),
+            Foreign("me", elsewhere, 1, 1001.0),
+            Foreign("stripe#0123456789abcdef", mine, 1, 1001.0),
         )
         assert census.settle_failing == 1
         assert store.census(sender="billing", origins=[mine], now=1100.0).settle_failing == 0

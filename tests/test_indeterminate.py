@@ -64,6 +64,11 @@ def _client(url: str, outbox: OutboxUnderTest | Path, shop: Shop, **kwargs: Any)
     [
         pytest.param({"fail": 1, "should_retry": False}, 1, id="stored-500-should-retry-false"),
         pytest.param({"fail": 1}, 2, id="stored-500-then-its-replay"),
+        pytest.param(
+            {"fail": 1, "should_retry": False, "slow_first": 0.5},
+            2,
+            id="answer-lost-then-replayed-500-should-retry-false",
+        ),
     ],
 )
 def test_a_stored_500_is_reconciled_and_settled_once(
@@ -84,8 +89,11 @@ def test_a_stored_500_is_reconciled_and_settled_once(
         hooks=Hooks(on_end=ended.append),
     )
     with pytest.raises(IntentIndeterminate) as raised:
-        client.post_once("/v1/charges", json=script, intent="order-1/charge")
+        client.post_once("/v1/charges", json=script, intent="order-1/charge", timeout=0.25)
     key = raised.value.key
+    assert raised.value.response is not None
+    replayed = raised.value.response.extensions["postonce"].replayed
+    assert replayed is (requests == 2)  # the second answer is Stripe's replay
     assert raised.value.response is not None
     assert raised.value.response.status_code == 500
     assert [d.state for d in ended] == [State.INDETERMINATE]
@@ -109,6 +117,25 @@ def test_a_stored_500_is_reconciled_and_settled_once(
     assert again.value.state == "succeeded"
     assert app.requests[key] == requests  # nothing was sent after the replayed 500
     assert app.effects[key] == 1
+
+
+def test_an_indeterminate_ending_is_logged_as_a_warning(
+    stripe_api: tuple[Emulator, str], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An indeterminate ending is a WARNING on the postonce logger naming the intent and key."""
+    _, url = stripe_api
+    client = _client(url, tmp_path / "o.sqlite3", Shop())
+    with client, pytest.raises(IntentIndeterminate) as raised:
+        client.post_once(
+            "/v1/charges", json={"fail": 1, "should_retry": False}, intent="order-5/charge"
+        )
+    warnings = [r for r in caplog.records if r.name == "postonce" and r.levelname == "WARNING"]
+    assert any(
+        getattr(r, "intent", None) == "order-5/charge"
+        and getattr(r, "key", None) == raised.value.key
+        and "indeterminate" in r.getMessage()
+        for r in warnings
+    )
 
 
 def test_without_a_reconciler_the_handler_hears_indeterminate_then_the_resolution(

@@ -34,6 +34,8 @@ from tests.conftest import (
 )
 
 ONE_TRY = FAST.model_copy(update={"attempts": 1})
+#: The loopback server's profile, saying its Bearer is a long-lived key (ietf_draft cannot).
+IETF_KEYS = postonce.get_provider("ietf_draft").model_copy(update={"credentials": "api_key"})
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -111,8 +113,12 @@ def test_two_accounts_on_one_outbox_never_send_each_others_intents(
     server: LoopbackServer, make_client: ClientFactory
 ) -> None:
     """Each account's drain sends only its own pending charge and counts the other's."""
-    a = make_client(server.base_url, headers={"Authorization": "Bearer sk_test_ACCOUNT_A"})
-    b = make_client(server.base_url, headers={"Authorization": "Bearer sk_test_ACCOUNT_B"})
+    a = make_client(
+        server.base_url, provider=IETF_KEYS, headers={"Authorization": "Bearer sk_test_ACCOUNT_A"}
+    )
+    b = make_client(
+        server.base_url, provider=IETF_KEYS, headers={"Authorization": "Bearer sk_test_ACCOUNT_B"}
+    )
     assert a.sender != b.sender
     key_a = pending_intent(a, "acct-a/charge")
     key_b = pending_intent(b, "acct-b/charge")
@@ -155,9 +161,13 @@ def test_a_key_rotation_adopts_the_previous_identity(
     server: LoopbackServer, make_client: ClientFactory
 ) -> None:
     """After a key change the old intents wait; adopt(previous) hands them to the new key."""
-    old = make_client(server.base_url, headers={"Authorization": "Bearer sk_test_OLD"})
+    old = make_client(
+        server.base_url, provider=IETF_KEYS, headers={"Authorization": "Bearer sk_test_OLD"}
+    )
     key = pending_intent(old, "rotated")
-    new = make_client(server.base_url, headers={"Authorization": "Bearer sk_test_NEW"})
+    new = make_client(
+        server.base_url, provider=IETF_KEYS, headers={"Authorization": "Bearer sk_test_NEW"}
+    )
     assert new.drain().claimed == 0
     assert new.adopt(old.sender) == 1
     assert new.adopt(old.sender) == 0

@@ -121,6 +121,8 @@ def test_a_lost_write_ahead_acknowledgement_is_not_reported_as_nothing_stored(
     assert proxy.cut.is_set()
     assert not isinstance(raised.value, OutboxError)
     assert raised.value.intent == intent
+    assert "the intent is stored and this call sent nothing" in str(raised.value)
+    assert raised.value.due_at is not None  # when this process's lease lets a drain take it
     assert isinstance(raised.value.__cause__, OutboxError)
     key = raised.value.key
     assert server.requests_for(key) == []  # nothing was sent
@@ -151,6 +153,52 @@ def test_a_write_ahead_confirmed_absent_is_an_outbox_error(
         assert client.lookup("order-9/charge") is None
     assert raised.value.intent == "order-9/charge"
     assert server.requests_for(raised.value.key or "") == []
+
+
+def test_a_write_ahead_that_fails_once_is_tried_again_and_the_call_goes_on(
+    server: LoopbackServer, tmp_path: Path
+) -> None:
+    """One failed write-ahead is tried again: the intent is written and sent once."""
+
+    class FlakyStore(_Delegate):
+        failures = 1
+
+        def open_intent(self, *args: Any, **kwargs: Any) -> Any:
+            if self.failures:
+                self.failures -= 1
+                raise OutboxError("database is locked")
+            return self._inner.open_intent(*args, **kwargs)
+
+    with postonce.Client(
+        server.base_url, outbox=FlakyStore(SQLiteStore(tmp_path / "o.sqlite3")), retry=FAST
+    ) as client:
+        response = client.post_once("/ietf/charges", json={"amount": 3}, intent="order-11/charge")
+    assert response.status_code == 201
+    assert len(server.effects_for(response.extensions["postonce"].key)) == 1
+
+
+def test_an_outbox_that_cannot_say_is_not_reported_as_nothing_stored(
+    server: LoopbackServer, tmp_path: Path
+) -> None:
+    """Write-ahead and read-back both fail: IntentPending says it may be stored; nothing is sent."""
+
+    class DownStore(_Delegate):
+        def open_intent(self, *args: Any, **kwargs: Any) -> Any:
+            raise OutboxError("connection refused")
+
+        def get(self, *args: Any, **kwargs: Any) -> Any:
+            raise OutboxError("connection refused")
+
+    with (
+        postonce.Client(
+            server.base_url, outbox=DownStore(SQLiteStore(tmp_path / "o.sqlite3")), retry=FAST
+        ) as client,
+        pytest.raises(IntentPending) as raised,
+    ):
+        client.post_once("/ietf/charges", json={"amount": 4}, intent="order-12/charge")
+    assert "may or may not be stored" in str(raised.value)
+    assert isinstance(raised.value.__cause__, OutboxError)
+    assert server.requests_for(raised.value.key) == []
 
 
 class _Delegate:

@@ -26,7 +26,7 @@ ALIASES: Mapping[str, str] = {
     "idempotency_key": "key=",  # stripe-python's and the IETF draft's word
     "idempotencykey": "key=",
     "reference": "intent=",  # postonce's older word
-    "name": "intent=",
+    "name": "intent= (name= is a Client() setting: the sender's name)",
     "body": "json= (a JSON body), content= (raw bytes) or data= (a form)",
     "payload": "json= (a JSON body), content= (raw bytes) or data= (a form)",
     "query": "params=",

@@ -36,7 +36,7 @@ from ._drain import (
     note_census,
     outbox_name,
 )
-from ._exceptions import ConfigurationError, OutboxError, PostonceError
+from ._exceptions import OutboxError, PostonceError
 from ._flow import Abandoned, Callback, Effect, Send, Sender, Sleep, StoreCall, run
 from ._intent import IntentRecord, State
 from ._observe import (
@@ -54,6 +54,7 @@ from ._outbox.locate import OutboxSpec
 from ._outbox.sqlite import Durability
 from ._outbox.threaded import StoreThread, loop_notifier
 from ._policy import RetryPolicy
+from ._redirects import next_hop
 from ._settle import Settlement
 from ._wire import HeaderInput
 from .providers import Provider
@@ -155,7 +156,8 @@ class AsyncClient(BaseClient):
                     if store is None:
                         store = await anyio.to_thread.run_sync(self._opened_store)
                     thread = StoreThread(store)
-                    await self._adopt(thread)
+                    if not self._adopted:  # (each drain pass adopts what came since)
+                        await self._adopt(thread)
                     self._thread = thread
         return self._thread
 
@@ -217,8 +219,10 @@ class AsyncClient(BaseClient):
             raise named(exc, reference, key) from exc
         try:
             response: httpx.Response = await self._drive(run(sender, new), thread, reference, key)
-        except PostonceError as exc:
-            if not getattr(exc, "from_outbox", False):  # an ending read back is not new
+        except Exception as exc:
+            # A postonce error, or a response hook's own error raised after its answer
+            # was recorded: either may have ended the intent. One read back is not new.
+            if not getattr(exc, "from_outbox", False):
                 await self._settle(thread, reference, key)
             raise
         if not response.extensions["postonce"].from_outbox:
@@ -256,7 +260,7 @@ class AsyncClient(BaseClient):
                 return answer
 
     async def resolve(self, intent: str, state: State, *, note: str = "") -> IntentRecord:
-        """Resolve an expired intent by hand; see :meth:`postonce.Client.resolve`."""
+        """Resolve an expired or indeterminate intent; see :meth:`postonce.Client.resolve`."""
         with self._in_call():
             thread = await self._store_thread()
             moved: IntentRecord = await self._drive(
@@ -345,9 +349,9 @@ class AsyncClient(BaseClient):
                                 detail = SendDetail(reference, key, sends, outbox_seconds)
                                 outbox_seconds = 0.0
                                 with sending(self.hooks, detail):
-                                    value = await self._http.send(effect.request)
+                                    value = await self._send(effect.request, reference)
                             else:
-                                value = await self._http.send(effect.request)
+                                value = await self._send(effect.request, reference)
                     finally:
                         if turn is not None:
                             turn.end()
@@ -384,6 +388,17 @@ class AsyncClient(BaseClient):
                     error = Abandoned()
             except Exception as exc:
                 error = exc
+
+    async def _send(self, request: httpx.Request, intent: str) -> httpx.Response:
+        """Send without httpx following redirects; follow same-origin ones here (see next_hop)."""
+        http = self._http
+        response = await http.send(request, follow_redirects=False)
+        history: list[httpx.Response] = []
+        while (hop := next_hop(http, response, len(history), intent)) is not None:
+            history.append(response)
+            response = await http.send(hop, follow_redirects=False)
+            response.history = list(history)
+        return response
 
     @with_options
     async def post_once(
@@ -430,9 +445,7 @@ class AsyncClient(BaseClient):
         (or cancel the task) to end a ``forever`` drain: attempts in flight
         finish and are recorded, claims not yet sent are released.
         """
-        if concurrency < 1 or interval <= 0:
-            raise ConfigurationError("drain needs concurrency >= 1 and interval > 0")
-        self._check_drain()
+        self._check_drain(concurrency, interval)
         stop_now = None
         if stop is None:
             stop = anyio.Event()
@@ -480,9 +493,9 @@ class AsyncClient(BaseClient):
 
         while not (stop.is_set() or self._closed):
             passed = time.monotonic()
-            await self._adopt(thread)
             call = self._claim_call(self._clock() if forever else started - JUST_BEFORE, batch)
             try:
+                await self._adopt(thread)  # a failure is this pass's claim's
                 claimed: list[Opened] = await thread.call(call.method, call.kwargs)
             except OutboxError:
                 claim_failed(tally, forever=forever, interval=interval)

@@ -10,6 +10,7 @@ import contextvars
 import dataclasses
 import inspect
 import logging
+import math
 import os
 import threading
 import time
@@ -23,7 +24,7 @@ import httpx
 
 from ._arguments import check_wait
 from ._budget import RetryBudget
-from ._drain import Tally
+from ._drain import UNSENDABLE_WAIT, Tally, unsendable
 from ._exceptions import (
     ConfigurationError,
     IntentConflict,
@@ -45,12 +46,13 @@ from ._outbox.base import NewIntent, Opened, Store
 from ._outbox.locate import OutboxSpec, check_spec, open_store
 from ._outbox.sqlite import Durability
 from ._policy import TESTING, RetryPolicy
+from ._redirects import mark_answers
 from ._sender import (
     DEFAULT_SECRET_PARAMS,
     auth_material,
     check_name,
     client_origins,
-    sender_identity,
+    client_sender,
 )
 from ._settle import Settlement, reconcile_flow, settle_flow
 from ._wire import (
@@ -408,7 +410,9 @@ class BaseClient:
         """The caller's httpx client (theirs to close), or one built here (ours).
 
         ``kind`` is ``"Client"`` or ``"AsyncClient"``. The library is httpx,
-        or httpx2 when the caller's client or transport is httpx2's.
+        or httpx2 when the caller's client or transport is httpx2's. Either way
+        postonce's own response hook goes first on it: an answer that arrived
+        stays an answer whatever the application's hooks raise (see _redirects).
         """
         if http is None:
             self._lib = library_of(options.get("transport"))
@@ -416,6 +420,7 @@ class BaseClient:
                 options = {**options, "timeout": adapt_timeout(options["timeout"], self._lib)}
             made: HttpT = getattr(self._lib, kind)(base_url=base_url, headers=headers, **options)
             self._identify(made)
+            mark_answers(made, asynchronous=kind == "AsyncClient")
             return made, True
         if options or headers is not None or base_url:
             raise ConfigurationError(
@@ -423,6 +428,7 @@ class BaseClient:
             )
         self._lib = library_of(http)
         self._identify(http)
+        mark_answers(http, asynchronous=kind == "AsyncClient")
         return http, False
 
     def _check_lease(self, timeout: Any) -> None:
@@ -462,7 +468,12 @@ class BaseClient:
                 "this client has credentials (auth, or secret headers or params) but no origin "
                 "to keep them to: give it base_url= or origins="
             )
-        self.sender = sender_identity(self._name, self.provider.name, credentials)
+        try:
+            self.sender = client_sender(
+                self._name, self.provider.name, self.provider.credentials, credentials
+            )
+        except ValueError as exc:  # its credentials cannot name it: it needs name=
+            raise ConfigurationError(str(exc)) from None
 
     # -- the outbox ----------------------------------------------------------
 
@@ -596,18 +607,33 @@ class BaseClient:
             return self._store
 
     def _adoption_due(self) -> StoreCall | None:
-        """The store call that takes on intents written before senders were kept, until done."""
-        if self._adopted:
-            return None
-        return StoreCall("adopt", {"sender": self.sender, "origins": self.origins})
+        """The store call that takes on intents of no sender addressed to this client's origins.
+
+        Until it has worked once: every such intent (written before senders were
+        kept). After that, asked before each drain pass: the pending and sending
+        ones only, which a process of an older release, still running after the
+        migration, keeps writing.
+        """
+        if not self._adopted:
+            return StoreCall("adopt", {"sender": self.sender, "origins": self.origins})
+        if self.origins is None:
+            return None  # nothing is addressed to a client of no origins
+        return StoreCall(
+            "adopt", {"sender": self.sender, "origins": self.origins, "unfinished": True}
+        )
 
     def _adopted_result(self, adopted: int | OutboxError) -> None:
         """Note an adoption's result; a failure is logged and tried again before the next claim.
 
-        Adoption is housekeeping: an outbox that cannot answer it now (a dropped
-        connection) must not stop the call or the drain that opened it.
+        The first adoption is housekeeping: an outbox that cannot answer it now
+        (a dropped connection) must not stop the call or the drain that opened
+        it. A drain pass's (once the first has worked) is raised: it is that
+        pass's claim, failed as a claim fails (a one-shot drain raises, a
+        ``forever`` one logs and waits).
         """
         if isinstance(adopted, OutboxError):
+            if self._adopted:
+                raise adopted
             logger.warning("outbox: adopting intents of no sender failed (%s); will retry", adopted)
             return
         self._adopted = True
@@ -669,7 +695,7 @@ class BaseClient:
     ) -> tuple[Prepared, Sender, NewIntent]:
         """Check, encode and fingerprint a call: what to store and how to send it."""
         one_off = isinstance(intent, OneOff)
-        intent = None if isinstance(intent, OneOff) else intent
+        intent = None if isinstance(intent, OneOff) else intent  # (narrows the type too)
         try:
             profile = get_provider(provider) if provider is not None else self.provider
         except PostonceError as exc:
@@ -711,6 +737,7 @@ class BaseClient:
             sender=self.sender,
             origin=prepared.origin,
             meta=encode_meta(meta, prepared.reference),
+            needs=prepared.needs,
         )
         return prepared, sender, new
 
@@ -782,7 +809,7 @@ class BaseClient:
             hooks=self.hooks,
             retry_budget=self.retry_budget,
             lib=lib,
-            settle_hold=self.lease_seconds if self.on_settled is not None else None,
+            settle_hold=self._settle_hold,
             reconciles=self.reconcile is not None,
         )
 
@@ -816,15 +843,11 @@ class BaseClient:
         assert opened.lease is not None
         try:
             provider = self._provider_for(record)
-        except PostonceError:
-            logger.error(
-                "drain: intent %r names provider %r, which this client does not know; "
-                "configure the client with that profile",
-                record.reference,
-                record.provider,
-            )
-            yield from self._release_flow(opened)
-            raise
+        except PostonceError as exc:
+            # Handed back due later, not as it was: a one-shot drain, which takes
+            # only what was due when it began, would take it again for ever.
+            yield from self._release_flow(opened, wait=UNSENDABLE_WAIT)
+            raise unsendable(exc, record.reference, record.key) from exc
         try:
             response: httpx.Response = yield from send_claimed(
                 self._sender(provider),
@@ -842,15 +865,19 @@ class BaseClient:
             tally.add("settled")
         return response
 
-    def _release_flow(self, opened: Opened) -> Generator[Effect, Any, None]:
-        """Hand back a claim the drain will not send (it is stopping)."""
+    def _release_flow(
+        self, opened: Opened, wait: float | None = None
+    ) -> Generator[Effect, Any, None]:
+        """Hand back a claim the drain will not send: due as it was (the drain is stopping),
+        or ``wait`` seconds from now (this client cannot send it)."""
         assert opened.lease is not None
+        now = self._clock()
         yield StoreCall(
             "release",
             {
                 "lease": opened.lease,
-                "now": self._clock(),
-                "due_at": opened.record.due_at,
+                "now": now,
+                "due_at": opened.record.due_at if wait is None else now + wait,
                 "anchor": opened.anchor_before,
             },
         )
@@ -871,8 +898,17 @@ class BaseClient:
             },
         )
 
-    def _check_drain(self) -> None:
-        """A drain sends stored URLs with this client's credentials: only to its own origins."""
+    def _check_drain(self, concurrency: int = 1, interval: float = 1.0) -> None:
+        """A drain's settings, and its origins: it sends with this client's credentials.
+
+        A drain sends stored URLs only to its own origins. ``interval`` must be a
+        finite number of seconds: a NaN would make a worker spin on the outbox.
+        """
+        if concurrency < 1 or not (math.isfinite(interval) and interval > 0):
+            raise ConfigurationError(
+                "drain needs concurrency >= 1 and a finite interval > 0 (seconds), "
+                f"not concurrency={concurrency!r}, interval={interval!r}"
+            )
         if self.origins is None:
             raise ConfigurationError(
                 "a drain needs a client with base_url= (or origins=): it sends only the intents "
@@ -929,76 +965,83 @@ class BaseClient:
         (``reconcile_failed``, ``settle_failed``) and tried again in a later
         pass; it never ends the drain, nor keeps the others from their turn.
         """
-        settle_failed = tally.adder("settle_failed")
         if self.reconcile is not None:
-            unresolved: list[IntentRecord] = []
-            try:
-                unresolved = yield StoreCall(
-                    "claim_expired",
-                    {
-                        "sender": self.sender,
-                        "now": self._clock(),
-                        "limit": 64,
-                        "every": self.reconcile_every,
-                        "origins": self.origins,
-                    },
-                )
-            except Exception as exc:
-                tally.aftercare_failed("errors", "claiming intents to reconcile", None, exc)
-            for record in unresolved:
-                try:
-                    resolved = yield from reconcile_flow(
-                        self.reconcile,
-                        record,
-                        sender=self.sender,
-                        clock=self._clock,
-                        settle_hold=self.lease_seconds if self.on_settled is not None else None,
-                        failed=tally.adder("reconcile_failed"),
-                    )
-                except Exception as exc:
-                    tally.aftercare_failed(
-                        "reconcile_failed", "recording its resolution", record, exc
-                    )
-                    continue
-                if resolved is None:
-                    continue
-                tally.add("reconciled")
-                if self.on_settled is None:
-                    continue
-                try:
-                    if (
-                        yield from settle_flow(
-                            self.on_settled, resolved, self._clock, self._lib, failed=settle_failed
-                        )
-                    ):
-                        tally.add("settled")
-                except Exception as exc:
-                    tally.aftercare_failed("settle_failed", "recording its settlement", record, exc)
+            yield from self._reconcile_pass(tally)
         if self.on_settled is not None:
-            owed: list[IntentRecord] = []
+            owed: list[IntentRecord] = yield from self._claimed(
+                tally,
+                "claim_settlements",
+                "claiming owed settlements",
+                hold=self.lease_seconds,
+            )
+            for record in owed:
+                yield from self._deliver(record, tally)
+
+    def _reconcile_pass(self, tally: Tally) -> Generator[Effect, Any, None]:
+        """Ask the reconciler about the unresolved intents due a question; settle each answer."""
+        assert self.reconcile is not None
+        unresolved: list[IntentRecord] = yield from self._claimed(
+            tally, "claim_expired", "claiming intents to reconcile", every=self.reconcile_every
+        )
+        for record in unresolved:
             try:
-                owed = yield StoreCall(
-                    "claim_settlements",
-                    {
-                        "sender": self.sender,
-                        "now": self._clock(),
-                        "limit": 64,
-                        "hold": self.lease_seconds,
-                        "origins": self.origins,
-                    },
+                resolved = yield from reconcile_flow(
+                    self.reconcile,
+                    record,
+                    sender=self.sender,
+                    clock=self._clock,
+                    settle_hold=self._settle_hold,
+                    failed=tally.adder("reconcile_failed"),
                 )
             except Exception as exc:
-                tally.aftercare_failed("errors", "claiming owed settlements", None, exc)
-            for record in owed:
-                try:
-                    if (
-                        yield from settle_flow(
-                            self.on_settled, record, self._clock, self._lib, failed=settle_failed
-                        )
-                    ):
-                        tally.add("settled")
-                except Exception as exc:
-                    tally.aftercare_failed("settle_failed", "recording its settlement", record, exc)
+                tally.aftercare_failed("reconcile_failed", "recording its resolution", record, exc)
+                continue
+            if resolved is not None:
+                tally.add("reconciled")
+                yield from self._deliver(resolved, tally)
+
+    def _claimed(
+        self, tally: Tally, method: str, doing: str, **options: float
+    ) -> Generator[Effect, Any, list[IntentRecord]]:
+        """Up to 64 of this sender's records a drain takes for ``method``; none if that failed."""
+        try:
+            taken: list[IntentRecord] = yield StoreCall(
+                method,
+                {
+                    "sender": self.sender,
+                    "now": self._clock(),
+                    "limit": 64,
+                    "origins": self.origins,
+                    **options,
+                },
+            )
+        except Exception as exc:
+            tally.aftercare_failed("errors", doing, None, exc)
+            return []
+        return taken
+
+    def _deliver(self, record: IntentRecord, tally: Tally) -> Generator[Effect, Any, None]:
+        """Call the settlement handler for one ended intent; a failure is counted and skipped."""
+        if self.on_settled is None:
+            return
+        try:
+            delivered = yield from settle_flow(
+                self.on_settled,
+                record,
+                self._clock,
+                self._lib,
+                failed=tally.adder("settle_failed"),
+            )
+        except Exception as exc:
+            tally.aftercare_failed("settle_failed", "recording its settlement", record, exc)
+            return
+        if delivered:
+            tally.add("settled")
+
+    @property
+    def _settle_hold(self) -> float | None:
+        """How long an ending this client settles is held by it (None: it runs no handler)."""
+        return self.lease_seconds if self.on_settled is not None else None
 
     def _operator_flow(
         self, intent: str, to: State, note: str
@@ -1025,7 +1068,7 @@ class BaseClient:
                 "to": to,
                 "now": self._clock(),
                 "note": note,
-                "settle_hold": self.lease_seconds if self.on_settled is not None else None,
+                "settle_hold": self._settle_hold,
             },
         )
         if self.on_settled is not None:

@@ -37,6 +37,7 @@ __all__ = [
     "EXIT_FOREIGN",
     "EXIT_HANDLERS",
     "EXIT_OK",
+    "EXIT_UNSENDABLE",
     "exit_status",
     "main",
     "parse_duration",
@@ -215,6 +216,7 @@ async def _drain_async(
     spec: str,
     store: Store | None,
     options: dict[str, Any],
+    adopt: tuple[str, ...] = (),
 ) -> DrainReport:
     """Drain an AsyncClient on this command's own event loop; SIGTERM/SIGINT stop it cleanly."""
     try:
@@ -225,6 +227,11 @@ async def _drain_async(
         raise click.ClickException(f"{spec}() returned {_what(client)}, not a postonce.AsyncClient")
     if store is not None:
         client.use_outbox(store)
+    try:
+        _adopt(client, adopt)
+    except BaseException:
+        await client.aclose()
+        raise
     stop = anyio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -296,6 +303,15 @@ def _progress_line(report: DrainReport) -> None:
     help="Due intents of other clients (another sender or origin) are expected here: "
     "they do not make the exit status 3.",
 )
+@click.option(
+    "--adopt",
+    "adopt",
+    multiple=True,
+    metavar="SENDER",
+    help="First make the intents of this sender (to the client's origins) the client's own, "
+    "as client.adopt(SENDER) does: this client under old credentials or an old name=. "
+    "Repeatable.",
+)
 def drain(
     app: str,
     outbox: str | None,
@@ -303,6 +319,7 @@ def drain(
     forever: bool,
     interval: timedelta | None,
     accept_foreign: bool,
+    adopt: tuple[str, ...],
 ) -> None:
     """Send every due intent once with its stored key, then exit with what it found.
 
@@ -319,6 +336,8 @@ def drain(
          broke (and any error the command prints as "Error:")
       4  a settlement handler (on_settled) or reconciler (reconcile) failed,
          or a settlement is still owed after its handler raised
+      5  due intents of this client's sender that it cannot send (a profile
+         it does not know) were handed back, due again in a minute
       3  due intents of other clients were left unsent (see --accept-foreign)
       2  the command line was wrong
 
@@ -348,7 +367,7 @@ def drain(
     }
     try:
         with _said_at_the_end():
-            report = _run_drain(client, app, store, options)
+            report = _run_drain(client, app, store, options, adopt)
     except PostonceError as exc:
         raise click.ClickException(str(exc)) from exc
     finally:
@@ -360,6 +379,12 @@ def drain(
         click.echo(err=True)
     click.echo(report.model_dump_json(indent=2))
     code = exit_status(report, accept_foreign=accept_foreign)
+    _say_why(code, report)
+    sys.exit(code)
+
+
+def _say_why(code: int, report: DrainReport) -> None:
+    """On stderr, why the drain exits with ``code`` (4, 5 and 3: what to do about it)."""
     if code == EXIT_HANDLERS:
         click.echo(
             f"postonce drain: exit {code}: settlement handlers or reconcilers are failing: "
@@ -369,9 +394,16 @@ def drain(
             "shows each intent's settlement. Each is tried again by the next drain.",
             err=True,
         )
+    elif code == EXIT_UNSENDABLE:
+        click.echo(
+            f"postonce drain: exit {code}: {report.unsendable} intent(s) of this client's sender "
+            "could not be sent by it (a provider profile it does not know) and were handed back, "
+            "due again in a minute. The log names each intent and why: give the drain (--app) "
+            "the client the application wrote them with.",
+            err=True,
+        )
     elif code == EXIT_FOREIGN:
         click.echo(f"postonce drain: exit {code}: {foreign_message(report)}", err=True)
-    sys.exit(code)
 
 
 @contextmanager
@@ -394,16 +426,29 @@ def _run_drain(
     app: str,
     store: Store | None,
     options: dict[str, Any],
+    adopt: tuple[str, ...] = (),
 ) -> DrainReport:
     """Run the loaded client's drain (on an event loop of its own, for an AsyncClient)."""
     if isinstance(client, Client):
         if store is not None:
             client.use_outbox(store)
         try:
+            _adopt(client, adopt)
             return client.drain(**options)
         finally:
             client.close()
-    return asyncio.run(_drain_async(client, app, store, options))
+    return asyncio.run(_drain_async(client, app, store, options, adopt))
+
+
+def _adopt(client: AnyClient, senders: tuple[str, ...]) -> None:
+    """``--adopt``: make each sender's intents to the client's origins its own, and say how many."""
+    for sender in senders:
+        adopted = client.adopt(sender)
+        click.echo(
+            f"postonce drain: adopted {adopted} intent(s) of sender {sender!r}: they are "
+            f"{client.sender!r}'s now",
+            err=True,
+        )
 
 
 #: ``postonce drain``'s exit statuses (2 is click's, for a wrong command line).
@@ -411,29 +456,39 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_FOREIGN = 3
 EXIT_HANDLERS = 4
+EXIT_UNSENDABLE = 5
 
 
 def exit_status(report: DrainReport, *, accept_foreign: bool = False) -> int:
     """What a drain's report means for its exit status: the first that applies.
 
-    1 before 4 before 3: an intent's own outcome first, then what the
-    application was not told, then what this client could not send at all.
+    1 before 4 before 5 before 3: an intent's own outcome first, then what the
+    application was not told, then what this client could not send at all: its
+    own sender's intents, then other clients'.
     """
     if report.failed or report.expired or report.indeterminate or report.errors:
         return EXIT_FAILED
     if report.handlers_failing:
         return EXIT_HANDLERS
+    if report.unsendable:
+        return EXIT_UNSENDABLE
     if report.not_ours and not accept_foreign:
         return EXIT_FOREIGN
     return EXIT_OK
 
 
 def _resolved(spec: str) -> str:
-    """An outbox spec with a relative path made absolute: what every message then shows."""
+    """An outbox spec with a relative path made absolute: what every message then shows.
+
+    A ``sqlite:///`` URL keeps its options (``?create=0``).
+    """
     if spec.startswith(("postgresql://", "postgres://")):
         return spec
-    path = spec.removeprefix("sqlite:///")
-    return os.path.abspath(os.path.expanduser(path))
+    if spec.startswith("sqlite:///"):
+        path, mark, query = spec.removeprefix("sqlite:///").partition("?")
+        resolved = os.path.abspath(os.path.expanduser(path))
+        return f"sqlite:///{resolved}{mark}{query}" if mark else resolved
+    return os.path.abspath(os.path.expanduser(spec))
 
 
 # -- outbox ----------------------------------------------------------------------------
@@ -452,6 +507,10 @@ def _resolved(spec: str) -> str:
 @click.pass_context
 def outbox(ctx: click.Context, outbox: str | None) -> None:
     """Inspect and tend an outbox. These commands never create one.
+
+    list, show, stats and export only read: they never migrate an outbox of an
+    older schema, and refuse a file that holds no outbox (another
+    application's database) without writing to it.
 
     --outbox is taken here or after the command, as by postonce drain.
 
@@ -490,10 +549,13 @@ def _with_outbox(command: Callable[..., Any]) -> Callable[..., Any]:
     )(command)
 
 
-def _store(ctx: click.Context) -> Store:
+def _store(ctx: click.Context, *, read_only: bool = False) -> Store:
+    """The outbox the command names; never created, and never migrated by one that only reads."""
     spec = ctx.obj
     try:
-        store = open_store(None if spec is None else _resolved(spec), create=False)
+        store = open_store(
+            None if spec is None else _resolved(spec), create=False, migrate=not read_only
+        )
     except PostonceError as exc:
         raise click.ClickException(str(exc)) from exc
     ctx.call_on_close(store.close)
@@ -523,7 +585,7 @@ def list_(ctx: click.Context, state: str | None, limit: int | None, fmt: str | N
 
     Example: postonce outbox list --state pending -t
     """
-    store = _store(ctx)
+    store = _store(ctx, read_only=True)
     records = store.list_intents(state=State(state) if state else None, limit=limit)
     _output([_summary(r) for r in records], fmt)
 
@@ -543,7 +605,7 @@ def show(ctx: click.Context, reference: str, fmt: str | None) -> None:
 
     Example: postonce outbox show order-1234/charge -t
     """
-    store = _store(ctx)
+    store = _store(ctx, read_only=True)
     record = _get(store, reference)
     attempts = [
         {
@@ -587,7 +649,7 @@ def stats(ctx: click.Context, fmt: str | None) -> None:
 
     Example: postonce outbox stats --json
     """
-    data = _store(ctx).stats(now=time.time())
+    data = _store(ctx, read_only=True).stats(now=time.time())
     row = {**data.pop("states"), **data}
     for name in ("oldest_pending_created_at", "next_due_at", "next_lease_expiry"):
         row[name] = _iso(row[name])
@@ -729,7 +791,7 @@ def export(ctx: click.Context, jsonl: bool) -> None:
 
     Example: postonce outbox export --jsonl > outbox.jsonl
     """
-    rows: Iterable[dict[str, Any]] = _store(ctx).export_rows()
+    rows: Iterable[dict[str, Any]] = _store(ctx, read_only=True).export_rows()
     for row in rows:
         click.echo(json.dumps(_iso_times(row)))
 

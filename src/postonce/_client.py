@@ -31,7 +31,7 @@ from ._drain import (
     run_drain,
     stop_on_signals,
 )
-from ._exceptions import ConfigurationError, OutboxError, PostonceError
+from ._exceptions import OutboxError, PostonceError
 from ._flow import Abandoned, Callback, Effect, Send, Sender, Sleep, StoreCall, run
 from ._intent import IntentRecord, State
 from ._observe import Hooks, SendDetail, sending
@@ -39,6 +39,7 @@ from ._outbox.base import NewIntent, Opened, Store
 from ._outbox.locate import OutboxSpec
 from ._outbox.sqlite import Durability
 from ._policy import RetryPolicy
+from ._redirects import next_hop
 from ._settle import Resolution, Settlement
 from ._wire import HeaderInput
 from .providers import Provider
@@ -180,8 +181,10 @@ class Client(BaseClient):
             raise named(exc, reference, key) from exc
         try:
             response: httpx.Response = self._drive(run(sender, new), store, reference, key)
-        except PostonceError as exc:
-            if not getattr(exc, "from_outbox", False):  # an ending read back is not new
+        except Exception as exc:
+            # A postonce error, or a response hook's own error raised after its answer
+            # was recorded: either may have ended the intent. One read back is not new.
+            if not getattr(exc, "from_outbox", False):
                 self._settle(store, reference, key)
             raise
         if not response.extensions["postonce"].from_outbox:
@@ -227,7 +230,7 @@ class Client(BaseClient):
                 return answer
 
     def resolve(self, intent: str, state: State, *, note: str = "") -> IntentRecord:
-        """Resolve an expired intent by hand (as ``outbox resolve``); its settlement follows."""
+        """Resolve an expired or indeterminate intent, as ``outbox resolve``; it is settled."""
         with self._in_call():
             store = self.outbox
             moved: IntentRecord = self._drive(
@@ -286,9 +289,9 @@ class Client(BaseClient):
                                 detail = SendDetail(reference, key, sends, outbox_seconds)
                                 outbox_seconds = 0.0
                                 with sending(self.hooks, detail):
-                                    value = self._http.send(effect.request)
+                                    value = self._send(effect.request, reference)
                             else:
-                                value = self._http.send(effect.request)
+                                value = self._send(effect.request, reference)
                     finally:
                         if turn is not None:
                             turn.end()
@@ -304,6 +307,17 @@ class Client(BaseClient):
                 error = exc
             except KeyboardInterrupt as exc:
                 interrupted, error = exc, Abandoned()
+
+    def _send(self, request: httpx.Request, intent: str) -> httpx.Response:
+        """Send without httpx following redirects; follow same-origin ones here (see next_hop)."""
+        http = self._http
+        response = http.send(request, follow_redirects=False)
+        history: list[httpx.Response] = []
+        while (hop := next_hop(http, response, len(history), intent)) is not None:
+            history.append(response)
+            response = http.send(hop, follow_redirects=False)
+            response.history = list(history)
+        return response
 
     @with_options
     def post_once(self, url: httpx.URL | str, **options: Unpack[OnceOptions]) -> httpx.Response:
@@ -352,9 +366,7 @@ class Client(BaseClient):
         this client's sender, addressed to its origins; others' due intents are
         left alone and counted in the report's ``not_ours``.
         """
-        if concurrency < 1 or interval <= 0:
-            raise ConfigurationError("drain needs concurrency >= 1 and interval > 0")
-        self._check_drain()
+        self._check_drain(concurrency, interval)
         stop_now = None
         if stop is None:
             stop = threading.Event()

@@ -71,7 +71,8 @@ def _step(path: str, name: object) -> str:
     text = str(name)
     if _PLAIN_NAME.fullmatch(text):
         return f"{path}.{text}" if path else text
-    return f"{path}[{json.dumps(text[:64])}]"
+    # A key that is not a field name is data (an email, an id): never printed.
+    return f"{path}[<key>]"
 
 
 def json_paths(stored: object, new: object, path: str = "") -> Iterator[tuple[str, str]]:
@@ -189,19 +190,45 @@ def request_conflict(stored: Request, new: Request) -> str:
     found = differences(stored, new)
     if found:
         return f"it is stored with a different request; this call differs in {'; '.join(found)}"
+    headers = header_names(stored.headers, new.headers)
+    if headers:
+        # Only a profile's scope headers (Stripe-Account) count, but they are the
+        # likely part here: the rest of the request compares equal.
+        return (
+            f"it is stored with a different request; this call differs in "
+            f"{_named('headers', headers)} (a header that chooses the account a key acts "
+            "for, such as Stripe-Account, is part of the request)"
+        )
     return (
         "it is stored with a different request (method, path, query or body), though they "
-        "compare equal here: the fingerprint was made otherwise (another fingerprint_fields=, "
-        "or another postonce version)"
+        "compare equal here: this call's own credentials (an API key in its headers or "
+        "query) name another account, or the fingerprint was made otherwise (another "
+        "fingerprint_fields=, or another postonce version)"
     )
+
+
+def header_names(
+    stored: Sequence[tuple[str, str]], new: Sequence[tuple[str, str]]
+) -> list[tuple[str, str]]:
+    """The names of stored headers whose values differ (content type aside: the body's part)."""
+    before: dict[str, list[str]] = {}
+    after: dict[str, list[str]] = {}
+    for pairs, into in ((stored, before), (new, after)):
+        for name, value in pairs:
+            if name.lower() != "content-type":
+                into.setdefault(name.lower(), []).append(value)
+    found = []
+    for name in sorted({*before, *after}):
+        how = "removed" if name not in after else "added" if name not in before else "changed"
+        if before.get(name) != after.get(name):
+            found.append((name.title(), how))  # httpx keeps names in lower case
+    return found
 
 
 #: What to do about a conflict with an intent that ended without its effect.
 DONE_ADVICE = (
-    "It ended {state}{status}, so it is done: send the corrected request under a new "
-    "intent= name, or retire this one first (postonce outbox purge --older-than AGE, then "
-    "postonce outbox purge --older-than AGE --tombstones: both act on every finished intent "
-    "of that age, not on this one alone; see 'Purge old intents' in the reconcile guide)"
+    "It ended {state}{status}, so it is done and its name is used up: send the corrected "
+    "request under a new intent= name (e.g. with a suffix such as '/2')"
 )
 
 

@@ -23,6 +23,7 @@ from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from types import FrameType
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
@@ -39,17 +40,20 @@ from ._exceptions import (
     PostonceError,
 )
 from ._intent import IntentRecord, State
-from ._outbox.base import Census, Opened
+from ._outbox.base import Census, Foreign, Opened
 
 __all__ = [
     "FOREIGN_MARK",
     "JUST_BEFORE",
+    "ORPHANED_AFTER",
+    "UNSENDABLE_WAIT",
     "AsyncTurns",
     "DrainReport",
     "ForeignSender",
     "Tally",
     "Turn",
     "Turns",
+    "Unsendable",
     "claim_failed",
     "describe_sender",
     "flows_for",
@@ -57,8 +61,11 @@ __all__ = [
     "least_batch",
     "next_batch",
     "note_census",
+    "orphan_lines",
+    "orphaned",
     "outbox_name",
     "run_drain",
+    "unsendable",
     "without_password",
 ]
 
@@ -77,6 +84,41 @@ JUST_BEFORE = 1e-6
 BATCH_SECONDS = 0.25
 MOST_CLAIMED = 256
 
+#: Seconds an intent a drain cannot send (its profile unknown to the drain's
+#: client) waits, handed back pending, before any drain takes it again. Later
+#: than the drain's start, so a one-shot drain ends (it takes only what was due
+#: when it began); soon enough that a drain restarted with the right
+#: configuration sends it within the minute. A ``forever`` drain says so again
+#: each time it takes it, at most once a minute an intent.
+UNSENDABLE_WAIT = 60.0
+
+#: Seconds the first due intent of another sender must have waited, claimed by
+#: no drain, before the census calls that sender orphaned: ten runs of a drain
+#: scheduled every minute (see schedule-drain.md), so a sender whose drain runs
+#: is never called so, while one whose last process is gone (a token refreshed
+#: at start-up, a rotated key, a rename) is named with the call that adopts it.
+ORPHANED_AFTER = 600.0
+
+
+class Unsendable(PostonceError):
+    """A claimed intent this drain's client cannot send: handed back due later, and counted.
+
+    Raised by a drain's flow once the claim is released; the drain counts it
+    as ``unsendable`` (its report is not ``ok``) and never lets it out.
+    """
+
+
+def unsendable(why: PostonceError, reference: str, key: str) -> Unsendable:
+    """The Unsendable for a claim handed back because of ``why``; said in the log, once."""
+    exc = Unsendable(
+        f"cannot be sent by this client ({why.message}); handed back, due again in "
+        f"{UNSENDABLE_WAIT:g} s",
+        intent=reference,
+        key=key,
+    )
+    logger.warning("drain: %s", exc, extra={"intent": reference, "key": key})
+    return exc
+
 
 class ForeignSender(BaseModel):
     """Due intents this drain may not send, of one sender and origin (``DrainReport``)."""
@@ -86,14 +128,17 @@ class ForeignSender(BaseModel):
     sender: str | None  # its sender identity (None: written before identities were kept)
     origin: str | None  # the scheme://host:port they are addressed to
     due: int
+    waiting_since: float | None = None  # when the first of them fell due; none claimed since
+    orphaned: bool = False  # to this client's origins, unclaimed for ORPHANED_AFTER: adopt?
 
 
 class DrainReport(BaseModel):
     """What one ``drain()`` did.
 
     ``ok`` is False when anything failed, expired, was left indeterminate or
-    broke, a settlement handler or reconciler failed, or a settlement of this
-    client's is still owed after its handler raised. Due intents of another
+    broke, an intent could not be sent by this client (``unsendable``), a
+    settlement handler or reconciler failed, or a settlement of this client's
+    is still owed after its handler raised. Due intents of another
     client (``not_ours``, whose: ``foreign_senders``) are not this drain's to
     send: they leave ``ok`` as it is, and the ``postonce drain`` command says
     so with an exit status of its own.
@@ -111,6 +156,8 @@ class DrainReport(BaseModel):
     pending: int = 0  # left pending with a later due time
     replayed: int = 0  # answers the server marked as replays
     errors: int = 0  # claims that ended in an unexpected error (logged)
+    unsendable: int = 0  # claims this client cannot send (a profile it does not know):
+    # handed back pending, due UNSENDABLE_WAIT later (logged)
     settled: int = 0  # settlement handler calls that returned
     settle_failed: int = 0  # handler calls that raised, or whose result the outbox did not take
     reconciled: int = 0  # expired or indeterminate intents the reconciler resolved
@@ -120,6 +167,7 @@ class DrainReport(BaseModel):
     settle_failing: int = 0  # this client's settlements still owed after their handler raised
     not_ours: int = 0  # due intents of another sender or origin, left alone
     foreign_senders: tuple[ForeignSender, ...] = ()  # whose those are, most first
+    unowned: int = 0  # due intents of no sender to this client's origins: its next pass adopts
     in_flight_elsewhere: int = 0  # this sender's intents another owner holds a live lease on
     next_lease_expiry: float | None = None  # when the first of those leases runs out
     # -- who drained what:
@@ -135,6 +183,7 @@ class DrainReport(BaseModel):
             and self.expired == 0
             and self.indeterminate == 0
             and self.errors == 0
+            and self.unsendable == 0
             and self.settle_failed == 0
             and self.reconcile_failed == 0
             and self.settle_failing == 0
@@ -291,7 +340,7 @@ _DERIVED = re.compile(r"(?P<provider>.+)#[0-9a-f]{16}")
 def describe_sender(sender: str | None) -> str:
     """A sender identity in words a person can match to a client's configuration."""
     if sender is None:
-        return "no sender (written before sender identities were kept)"
+        return "no sender (unowned: written by a release from before sender identities)"
     derived = _DERIVED.fullmatch(sender)
     if derived is not None:
         return (
@@ -318,10 +367,16 @@ def foreign_message(report: DrainReport) -> str:
             lines.append(
                 f"  {group.due} of this client's sender to {group.origin}, outside its origins"
             )
-            continue
-        lines.append(f"  {group.due} of {describe_sender(group.sender)} to {group.origin}")
-        if group.sender is not None and group.origin in mine:
-            others.append(repr(group.sender))
+        elif group.sender is None:
+            lines.append(
+                f"  {group.due} unowned (no sender: written by a release from before sender "
+                f"identities) to {group.origin or 'an origin not read yet'}: the next drain of "
+                "a client sending there adopts them"
+            )
+        else:
+            lines.append(f"  {group.due} of {describe_sender(group.sender)} to {group.origin}")
+            if group.origin in mine and not group.orphaned:
+                others.append(repr(group.sender))
     if shown < report.not_ours:
         lines.append(f"  {report.not_ours - shown} more of other senders")
     lines.append(
@@ -329,6 +384,7 @@ def foreign_message(report: DrainReport) -> str:
         "MODULE:CLIENT, configured with its name=, or with no name= its provider and "
         "credentials, and its base_url=/origins=)."
     )
+    lines += orphan_lines(report.foreign_senders)
     if others:
         lines.append(
             f"If {' or '.join(others)} is this client under an old name= or old credentials "
@@ -336,6 +392,41 @@ def foreign_message(report: DrainReport) -> str:
         )
     lines.append("If another client's drain sends them, postonce drain --accept-foreign says so.")
     return "\n".join(lines)
+
+
+def orphan_lines(groups: Collection[ForeignSender]) -> list[str]:
+    """What to say of orphaned senders: how long they waited, and the one call that adopts them."""
+    lines = []
+    for group in groups:
+        if not group.orphaned or group.waiting_since is None:
+            continue
+        since = datetime.fromtimestamp(group.waiting_since, timezone.utc)
+        lines.append(
+            f"Sender {group.sender!r} looks orphaned: its {group.due} due intent(s) to "
+            f"{group.origin} have waited since {since.isoformat(timespec='seconds')} with no "
+            "drain of that sender claiming them. If it is this client under an old name= or "
+            "old credentials (a token fetched at start-up, a rotated key), adopt them: "
+            f"client.adopt({group.sender!r}), or postonce drain --app MODULE:CLIENT --adopt "
+            f"{group.sender!r}. Never adopt another service's: this client's credentials "
+            "would send them."
+        )
+    return lines
+
+
+def orphaned(group: Foreign, sender: str, origins: Collection[str], at: float | None) -> bool:
+    """Whether another sender's due intents to this client's origins wait with no drain for them.
+
+    Orphaned: none claimed for ORPHANED_AFTER seconds since the first fell due
+    (a running drain of that sender takes them within its interval).
+    """
+    return (
+        group.sender is not None
+        and group.sender != sender
+        and group.origin in origins
+        and group.waiting_since is not None
+        and at is not None
+        and group.waiting_since <= at - ORPHANED_AFTER
+    )
 
 
 def note_census(
@@ -359,8 +450,16 @@ def note_census(
         update={
             "not_ours": census.not_ours,
             "foreign_senders": tuple(
-                ForeignSender(sender=f.sender, origin=f.origin, due=f.due) for f in census.foreign
+                ForeignSender(
+                    sender=f.sender,
+                    origin=f.origin,
+                    due=f.due,
+                    waiting_since=f.waiting_since,
+                    orphaned=orphaned(f, sender, origins or (), census.at),
+                )
+                for f in census.foreign
             ),
+            "unowned": census.unowned,
             "in_flight_elsewhere": census.in_flight_elsewhere,
             "next_lease_expiry": census.next_lease_expiry,
             "settle_failing": census.settle_failing,
@@ -375,6 +474,12 @@ def note_census(
             "postonce outbox list shows why (settlement), and each is retried with backoff",
             census.settle_failing,
         )
+    if census.unowned:
+        logger.info(
+            "drain: %d due intents of no sender (written by an older release since this drain's "
+            "last pass) are addressed to this client's origins: its next pass adopts them",
+            census.unowned,
+        )
     if census.in_flight_elsewhere:
         logger.info(
             "drain: %d intents are in flight elsewhere (leased by another owner until %s at the "
@@ -387,7 +492,9 @@ def note_census(
 
 def count_outcome(tally: Tally, outcome: object) -> None:
     """Count how one claimed intent's flow ended: its response, or what it raised."""
-    if isinstance(outcome, IntentPending):
+    if isinstance(outcome, Unsendable):
+        tally.add("unsendable")  # said by the flow, once
+    elif isinstance(outcome, IntentPending):
         tally.add("pending")
     elif isinstance(outcome, IntentExpired):
         tally.add("expired")

@@ -125,8 +125,8 @@ def decide(
         return _step(
             StepKind.FINISH,
             State.INDETERMINATE,
-            reason=f"HTTP {status} leaves the effect unknown: {provider.name} says not to "
-            "retry it; reconcile it",
+            reason=f"HTTP {status} from {provider.name} does not say whether the request took "
+            "effect, and no retry can change it: reconcile it",
         )
     if outcome is Outcome.MISMATCH:
         return _step(StepKind.MISMATCH, State.FAILED, reason="the key was used for another request")

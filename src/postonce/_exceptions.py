@@ -7,16 +7,16 @@ Every error postonce raises derives from :class:`PostonceError`::
     │   └── UnknownProvider       a provider name with no built-in profile
     ├── InvalidRequest            this call's input was refused before anything was stored
     │   └── InvalidKey            a key the provider cannot take raw on the wire
-    ├── OutboxError               the outbox could not be opened, read or written
+    ├── OutboxError               the outbox failed, and nothing was stored or sent
     ├── UnknownIntent             no intent of this client has that name (also a KeyError)
     └── IntentError               what became of one stored intent
         ├── IntentConflict        same intent, different request (nothing sent)
-        ├── IntentPending         the foreground gave up; the intent waits for the drain
+        ├── IntentPending         stored, not finished here: the drain finishes it
         ├── IntentExpired         the provider may have forgotten the key: reconcile by hand
         ├── IntentIndeterminate   the answer leaves the effect unknown (a stored 5xx): reconcile
         ├── IntentCancelled       never delivered and stopped (operator or deadline)
         ├── IntentPurged          finished long ago; only its tombstone is left
-        ├── IntentResolved        expired, then settled by an operator; no answer stored
+        ├── IntentResolved        expired or indeterminate, then resolved; no answer to give
         └── IdempotencyKeyMismatch the server says the key was used with another request
 
 Errors raised while handling an intent carry the caller's name for it as
@@ -118,9 +118,13 @@ class InvalidKey(InvalidRequest):
 
 
 class OutboxError(PostonceError):
-    """The outbox could not be opened, read or written.
+    """The outbox could not be opened, read or written, and nothing was stored or sent.
 
-    When this is raised on the write-ahead commit, nothing was sent.
+    From a ``*_once`` call it means exactly that: the intent is not in the
+    outbox (a write-ahead that raised is tried again and read back before this
+    is raised) and no request left. A failure after the intent was stored is
+    :class:`IntentPending` instead, chained from this error. From a read
+    (``lookup``, ``wait``, the CLI) it says only that the read failed.
     """
 
 
@@ -171,9 +175,15 @@ class IntentConflict(IntentError):
 
 
 class IntentPending(IntentError):
-    """The foreground budget ran out; the intent stays pending for the drain.
+    """The intent is stored and not finished by this call: the drain finishes it, same key.
 
-    ``due_at`` is the Unix time at which the intent may next be sent, when known.
+    Raised when the foreground budget ran out, when another worker holds the
+    intent, and when the outbox failed after the write-ahead (recording an
+    answer, say: chained from the :class:`OutboxError`). One case says less:
+    when the write-ahead raised and the outbox cannot even be read, the
+    message says the intent *may* be stored; calling again with the same
+    ``intent=`` finds out (never retry it under a new one). ``due_at`` is the
+    Unix time at which the intent may next be sent, when known.
     """
 
     def __init__(

@@ -51,9 +51,11 @@ from ._observe import (
     StartDetail,
     emit,
 )
-from ._outbox.base import AttemptRecord, Lease, NewIntent
+from ._outbox.base import AttemptRecord, Lease, NewIntent, Opened
+from ._outbox.decide import conflict_with
 from ._outbox.rows import storable_response
 from ._policy import RetryPolicy
+from ._redirects import expect_answer
 from ._watch import Watch, watched
 from ._wire import parsed_url, wire_headers
 from .providers import Provider
@@ -257,46 +259,11 @@ def run(sender: Sender, new: NewIntent) -> Generator[Effect, Any, httpx.Response
     """Drive one intent to a final answer, or to the error that says where it stands."""
     policy, clock = sender.policy, sender.clock
     ends_at = clock() + policy.timeout if policy.timeout is not None else None
-
-    # The write-ahead: nothing is sent until this commit holds the intent and our lease.
-    polls = 0
-    while True:
-        try:
-            opened = yield _store_call(
-                "open_intent",
-                {
-                    "new": new,
-                    "owner": sender.owner,
-                    "now": clock(),
-                    "lease_for": sender.lease_seconds,
-                },
-            )
-        except OutboxError as exc:
-            return (yield from _unacknowledged(sender, new, exc))
-        record: IntentRecord = opened.record
-        if opened.conflict is not None:
-            raise IntentConflict(
-                f"{opened.conflict}; nothing was sent", reference=record.reference, key=record.key
-            )
-        if opened.lease is not None:
-            break
-        if record.state in TERMINAL:
-            return from_outbox(record, sender.lib)
-        # Another sender holds the lease: look again soon (it is usually about to
-        # finish), then less often, until it finishes or its lease runs out.
-        now = clock()
-        lease_left = max(0.0, (record.lease_expires_at or now) - now)
-        wait = min(lease_left, policy.in_flight_initial * 2.0**polls, policy.in_flight_max)
-        polls += 1
-        if ends_at is not None and now + wait > ends_at:
-            raise IntentPending(
-                "another worker is sending this intent",
-                reference=record.reference,
-                key=record.key,
-                due_at=record.lease_expires_at,
-            )
-        yield Sleep(max(wait, 0.01))
-
+    opened = yield from _write_ahead(sender, new, ends_at)
+    if not isinstance(opened, Opened):
+        return opened  # the intent had ended: its stored answer
+    record = opened.record
+    assert opened.lease is not None
     try:
         return (
             yield from send_claimed(
@@ -313,43 +280,126 @@ def run(sender: Sender, new: NewIntent) -> Generator[Effect, Any, httpx.Response
         # The intent is stored (the write-ahead committed): whatever the outbox
         # failed to record, the drain finishes it with the same key.
         raise IntentPending(
-            f"the outbox failed after the intent was stored ({exc.message}); nothing is lost: "
-            "the drain finishes it with the same key",
+            f"the outbox failed after the intent was stored ({exc.message}); its last step may "
+            "not be recorded, and nothing is lost: the drain finishes it with the same key",
             reference=record.reference,
             key=record.key,
         ) from exc
 
 
-def _unacknowledged(
+def _write_ahead(
+    sender: Sender, new: NewIntent, ends_at: float | None
+) -> Generator[Effect, Any, Opened | httpx.Response]:
+    """Store the intent and take its lease; nothing is sent before this commit.
+
+    Returns the claim, or the stored answer of an intent that had ended. A
+    write-ahead that raised is tried once more before the caller is told
+    anything: a commit whose acknowledgement was lost (the connection cut
+    after the server committed) raises like one that failed, and only the
+    outbox can tell them apart. The second try finds the row (on PostgreSQL
+    its unique index waits for the first transaction to end) or writes it.
+    """
+    policy, clock = sender.policy, sender.clock
+    polls = 0
+    unconfirmed: OutboxError | None = None
+    while True:
+        try:
+            opened: Opened = yield _store_call(
+                "open_intent",
+                {
+                    "new": new,
+                    "owner": sender.owner,
+                    "now": clock(),
+                    "lease_for": sender.lease_seconds,
+                },
+            )
+        except OutboxError as exc:
+            if unconfirmed is None:
+                unconfirmed = exc
+                continue
+            return (yield from _unconfirmed(sender, new, unconfirmed))
+        record: IntentRecord = opened.record
+        if opened.conflict is not None:
+            raise IntentConflict(
+                f"{opened.conflict}; nothing was sent", reference=record.reference, key=record.key
+            )
+        if opened.lease is not None:
+            return opened
+        if record.state in TERMINAL:
+            return from_outbox(record, sender.lib)
+        if unconfirmed is not None and _unsent_here(sender, record):
+            raise _stored_unsent(record, unconfirmed) from unconfirmed
+        # Another sender holds the lease: look again soon (it is usually about to
+        # finish), then less often, until it finishes or its lease runs out.
+        now = clock()
+        lease_left = max(0.0, (record.lease_expires_at or now) - now)
+        wait = min(lease_left, policy.in_flight_initial * 2.0**polls, policy.in_flight_max)
+        polls += 1
+        if ends_at is not None and now + wait > ends_at:
+            raise IntentPending(
+                "another worker is sending this intent",
+                reference=record.reference,
+                key=record.key,
+                due_at=record.lease_expires_at,
+            )
+        yield Sleep(max(wait, 0.01))
+
+
+def _unsent_here(sender: Sender, record: IntentRecord) -> bool:
+    """Whether the stored intent is leased to this process and was never sent."""
+    return (
+        record.state is State.SENDING
+        and record.lease_owner == sender.owner
+        and record.attempts == 0
+    )
+
+
+def _stored_unsent(record: IntentRecord, error: OutboxError) -> IntentPending:
+    return IntentPending(
+        f"the outbox's acknowledgement of the write-ahead was lost ({error.message}), but the "
+        "intent is stored and this call sent nothing: a drain sends it with its key once this "
+        "process's lease runs out (due_at), or call again with the same intent= to resume it",
+        reference=record.reference,
+        key=record.key,
+        due_at=record.lease_expires_at,
+    )
+
+
+def _unconfirmed(
     sender: Sender, new: NewIntent, error: OutboxError
 ) -> Generator[Effect, Any, httpx.Response]:
-    """The write-ahead raised: read the intent back before telling the caller anything.
+    """The write-ahead raised twice: say what a read of the outbox shows, and no more.
 
-    A commit whose acknowledgement was lost (a connection cut after the
-    server committed) raises like one that failed. Only a read showing no
-    intent proves nothing was stored; an OutboxError says no more than that.
+    Only a read showing no intent proves nothing was stored; an unreadable
+    outbox proves nothing either way, and the caller is told so.
     """
     try:
         found: IntentRecord | None = yield StoreCall("get", {"reference": new.reference})
     except OutboxError:
         raise IntentPending(
             f"the outbox did not confirm the write-ahead ({error.message}) and cannot be read "
-            "now: the intent may be stored, and nothing was sent; call again with the same "
-            "intent= to resume it (never with a new one)",
+            "now: the intent may or may not be stored, and this call sent nothing; call again "
+            "with the same intent= to find out (never with a new one)",
             reference=new.reference,
             key=new.key,
         ) from error
-    if found is None or found.fingerprint != new.fingerprint:
-        raise error  # confirmed: nothing of this request was stored, nothing sent
+    if found is None:
+        raise error  # confirmed: nothing was stored, nothing sent
+    conflict = conflict_with(found, new)
+    if conflict is not None:
+        raise IntentConflict(
+            f"{conflict}; nothing was sent", reference=found.reference, key=found.key
+        )
     if found.state in TERMINAL:
         return from_outbox(found, sender.lib)
+    if _unsent_here(sender, found):
+        raise _stored_unsent(found, error) from error
     raise IntentPending(
-        f"the outbox's acknowledgement of the write-ahead was lost ({error.message}), but the "
-        "intent is stored and nothing was sent: the drain sends it with its key, or call again "
-        "with the same intent= to resume it",
+        f"the outbox failed ({error.message}); the intent is stored (as {found.state.value}, "
+        f"{found.attempts} attempt(s) so far) and this call sent nothing: the drain finishes it",
         reference=found.reference,
         key=found.key,
-        due_at=found.lease_expires_at,
+        due_at=found.due_at or found.lease_expires_at,
     ) from error
 
 
@@ -636,39 +686,77 @@ def _send_once(
         record.method, wire.url, content=record.body, headers=wire.headers, timeout=sender.timeout
     )
     request, watch = watched(sender.lib, built, record.body)
+    arrived = expect_answer(request)
     # Only a key that may have reached the server before (or one the caller
     # chose, which postonce cannot know to be fresh) can have been reused.
     key_seen = progress.delivered_maybe or progress.key_given
-    sent_at = progress.sent_at = clock()
-    response: httpx.Response | None = None
-    error: str | None = None
-    cause: Exception | None = None
+    progress.sent_at = clock()
     progress.in_send = True
     progress.watch = watch
     try:
         response = yield _send(request, progress.lease)
     except sender.lib.TransportError as exc:
         outcome = classify_exception(exc, body_unread=watch.unread)
-        error, cause = type(exc).__name__, exc
+        return _tried_now(sender, progress, number, outcome, None, type(exc).__name__, exc)
     except Exception as exc:
-        # Not a transport failure (an event hook, a broken transport): the
-        # request may have been written. Keep the intent for the drain.
         progress.in_send = False
-        yield _ambiguous_record(progress, record, clock, type(exc).__name__)
+        answer, arrived.response = arrived.response, None
+        if answer is None:
+            # Not a transport failure and no answer came (a request hook, a broken
+            # transport): the request may have been written. Keep the intent for the drain.
+            yield _ambiguous_record(progress, record, clock, type(exc).__name__)
+            raise
+        # The answer arrived, then a response hook of the application raised
+        # (``raise_for_status``): the answer means what it says. It is kept like
+        # any other answer, then the hook's error goes on to the caller unchanged.
+        outcome = _answer_outcome(sender, answer, key_seen)
+        tried = _tried_now(sender, progress, number, outcome, answer, None, None)
+        yield from _keep_answer(sender, record, progress, tried)
         raise
-    else:
-        outcome = classify_response(
-            response.status_code,
-            response.headers,
-            response.content,
-            sender.provider,
-            key_seen=key_seen,
-        )
+    arrived.response = None  # the answer came back as a value; let it go with its request
+    outcome = _answer_outcome(sender, response, key_seen)
+    return _tried_now(sender, progress, number, outcome, response, None, None)
+
+
+def _answer_outcome(sender: Sender, response: httpx.Response, key_seen: bool) -> Outcome:
+    return classify_response(
+        response.status_code,
+        response.headers,
+        response.content,
+        sender.provider,
+        key_seen=key_seen,
+    )
+
+
+def _tried_now(
+    sender: Sender,
+    progress: _Progress,
+    number: int,
+    outcome: Outcome,
+    response: httpx.Response | None,
+    error: str | None,
+    cause: Exception | None,
+) -> _Tried:
+    """The attempt whose send began at ``progress.sent_at`` and ended now, as ``outcome``."""
+    clock, sent_at = sender.clock, progress.sent_at
     progress.in_send = False
     duration = clock() - sent_at
     progress.delivered_maybe = progress.delivered_maybe or outcome is not Outcome.NOT_SENT
     replayed = response is not None and is_replay(response.headers, sender.provider)
     return _tried(number, sent_at, duration, clock(), outcome, response, error, cause, replayed)
+
+
+def _keep_answer(
+    sender: Sender, record: IntentRecord, progress: _Progress, tried: _Tried
+) -> Generator[Effect, Any, None]:
+    """Record an answer a response hook raised on, as any answer is recorded.
+
+    No foreground retry follows (the caller is about to get the hook's error):
+    decided as the drain decides, a retryable answer becomes a due time.
+    """
+    step = _next_step(sender, record, progress, tried, None)
+    _observe(sender, record, tried, step)
+    yield _record(sender, record, progress, tried, step)
 
 
 def _next_step(
@@ -814,6 +902,14 @@ def _conclude(
     if step.kind is StepKind.FINISH:
         assert response is not None
         if step.state is State.INDETERMINATE:
+            # Said as loudly as an expiry: someone (or a reconciler) must find out.
+            logger.warning(
+                "intent %r (key %s) ended indeterminate: %s",
+                record.reference,
+                record.key,
+                step.reason,
+                extra={"intent": record.reference, "key": record.key, "outcome": "indeterminate"},
+            )
             raise IntentIndeterminate(
                 step.reason,
                 reference=record.reference,

@@ -170,6 +170,9 @@ class IntentRecord:
     settle_attempts: int = 0  # handler calls that raised
     settle_error: str | None = None  # the last one's error
     settled_at: float | None = None  # when the handler returned for this intent
+    #: The names of the call's own secrets its sends need (headers in lower case, query
+    #: parameters as ``?name``), never their values: a sender without them cannot send it.
+    needs: tuple[str, ...] = ()
 
     @property
     def delivered_maybe(self) -> bool:

@@ -164,17 +164,28 @@ def fingerprint(
     is_json: bool,
     fields: Sequence[str] | None = None,
     reference: str | None = None,
+    scope: Sequence[tuple[str, str]] = (),
 ) -> str:
-    """SHA-256 of method, request target (path and query) and a canonical body.
+    """SHA-256 of method, request target (path and query), a canonical body and its scope.
 
     A JSON body is hashed as canonical JSON, so key order and whitespace do not
     matter; with ``fields`` only those (dotted) fields count. Any other body is
-    hashed as its raw bytes.
+    hashed as its raw bytes. ``scope`` is what chooses the account the request
+    acts for besides the client's own credentials: ``(name, value)`` pairs of
+    the profile's scope headers (``stripe-account``) and the account a call's own
+    key names (``account``, a slow hash), in any order. A request with no scope
+    hashes as it always has.
     """
     digest = hashlib.sha256()
     digest.update(method.upper().encode())
     digest.update(b"\n")
     digest.update(target.encode())
+    if scope:
+        # Between the target (which holds no raw newline) and the body's kind: no
+        # unscoped request hashes these bytes, and a request with no scope hashes
+        # as it always has (stored fingerprints still match).
+        digest.update(b"\nscope ")
+        digest.update(canonical_json(sorted([name.lower(), value] for name, value in scope)))
     # The body's kind is part of the request: JSON {"a":1} is not the raw bytes {"a":1}.
     digest.update(b"\njson\n" if is_json else b"\nraw\n")
     if is_json:

@@ -20,13 +20,30 @@ from ._exceptions import ConfigurationError, InvalidKey, InvalidRequest
 from ._frozen import maker, quick_init
 from ._keys import canonical_form, check_form, check_key, fingerprint, mint_key, unstorable
 from ._memo import ByIdentity
-from ._sender import DEFAULT_SECRET_PARAMS, origin_of
+from ._sender import DEFAULT_SECRET_PARAMS, call_account, origin_of
 from .providers import Provider
 
 __all__ = ["DEFAULT_SECRET_HEADERS", "UNSET", "Prepared", "parsed_url", "prepare", "wire_headers"]
 
-#: Headers that never reach the outbox; ``Client(secret_headers=...)`` adds more.
-DEFAULT_SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
+#: Headers that never reach the outbox; ``Client(secret_headers=...)`` adds more. Besides
+#: HTTP's own credential headers, the API-key headers in common use: ``X-API-Key`` (AWS
+#: API Gateway, Adyen), ``Api-Key`` (Azure), ``apikey`` (Kong, Supabase), ``X-Auth-Token``
+#: (OpenStack), ``X-Access-Token`` and ``Private-Token`` (GitLab). A name here costs a
+#: header that is not a credential only its copy in the outbox: a drain sends the
+#: client's own, and a call's own is marked as needed (``IntentRecord.needs``).
+DEFAULT_SECRET_HEADERS = frozenset(
+    {
+        "authorization",
+        "proxy-authorization",
+        "cookie",
+        "x-api-key",
+        "api-key",
+        "apikey",
+        "x-auth-token",
+        "x-access-token",
+        "private-token",
+    }
+)
 
 
 class _Unset:
@@ -60,6 +77,9 @@ class Prepared:
     fingerprint: str
     origin: str | None = None  # scheme://host:port of ``url``
     secret_params: tuple[tuple[str, str], ...] = ()  # this call's secret query: memory only
+    #: The names of the secrets this call brought that its client does not send
+    #: (headers in lower case, query parameters as ``?name``): stored, never the values.
+    needs: tuple[str, ...] = ()
 
 
 #: Made for every call: built by its maker rather than the class call (see ``maker``).
@@ -279,6 +299,57 @@ def prepare(
         )
     # Most calls bring no headers of their own: no Headers object to build then.
     call_headers = httpx.Headers(headers) if headers else None
+    key, key_given, json = _key_of(provider, call_headers, json, key, intent)
+    reference = intent if intent is not None else key
+
+    stored_url, origin, target, secret_query = address(
+        http, url, params, origins, secret_params, reference
+    )
+    body, content_type, json_body, raw_body = _encoded(
+        provider, method, key, json, content, data, reference
+    )
+    stored, secret = split_headers(call_headers, content_type, secret_names)
+    # Most calls have neither scope headers nor secrets of their own: nothing to look at.
+    scope = scope_headers(http, provider, stored, secret_names) if provider.scope_headers else []
+    own = call_secrets(http, secret, secret_query) if secret or secret_query else []
+    account = call_account(provider.name, provider.credentials, own) if own else None
+    if account is not None:
+        scope.append(("account", account))
+    digest = fingerprint(
+        method,
+        target,
+        json_body=json_body,
+        raw_body=raw_body,
+        is_json=json_body is not UNSET,
+        fields=fingerprint_fields,
+        reference=reference,
+        scope=scope,
+    )
+    return _prepared(
+        reference=reference,
+        key=key,
+        key_given=key_given,
+        method=method,
+        url=stored_url,
+        headers=tuple(stored),
+        secret_headers=secret,
+        body=body,
+        fingerprint=digest,
+        origin=origin,
+        secret_params=secret_query,
+        needs=needs_of(own) if own else (),
+    )
+
+
+def _key_of(
+    provider: Provider,
+    call_headers: httpx.Headers | None,
+    json: object,
+    key: str | None,
+    intent: str | None,
+) -> tuple[str, bool, object]:
+    """The call's key (given, found in its header or body, or minted), whether it was given,
+    and the JSON body without a body-borne key. ``call_headers`` loses a key header."""
     field = provider.key_field
     body_key = provider.key_transport == "body"
     if not body_key and call_headers is not None:
@@ -289,77 +360,117 @@ def prepare(
         found = json[field]
         key = _adopt(found if isinstance(found, str) else repr(found), key, "body", intent)
         json = {k: v for k, v in json.items() if k != field}
-    key_given = key is not None
     if key is not None:
-        key = check_key(key, provider, reference=intent)
-    else:
-        try:
-            key = check_key(mint_key(), provider, reference=intent)
-        except InvalidKey as exc:
-            raise ConfigurationError(
-                f"the {provider.name} profile's key rules reject the UUIDv4 keys postonce "
-                f"mints ({exc.message}); pass key= with a key of your own on every call, "
-                "or relax the profile",
-                reference=intent,
-            ) from None
-    reference = intent if intent is not None else key
+        return check_key(key, provider, reference=intent), True, json
+    try:
+        return check_key(mint_key(), provider, reference=intent), False, json
+    except InvalidKey as exc:
+        raise ConfigurationError(
+            f"the {provider.name} profile's key rules reject the UUIDv4 keys postonce "
+            f"mints ({exc.message}); pass key= with a key of your own on every call, "
+            "or relax the profile",
+            reference=intent,
+        ) from None
 
-    stored_url, origin, target, secret_query = address(
-        http, url, params, origins, secret_params, reference
-    )
-    if body_key:
-        if json is UNSET or not isinstance(json, dict):
-            raise InvalidRequest(
-                f"{provider.name} takes the key in the JSON body field {field!r}: "
-                "pass json= with an object",
-                reference=reference,
-                key=key,
-            )
-        digest = fingerprint(
-            method,
-            target,
-            json_body=json,
-            is_json=True,
-            fields=fingerprint_fields,
-            reference=reference,
-        )
-        body, content_type = _encode_body(method, {**json, field: key}, UNSET, UNSET, reference)
-    else:
+
+def _encoded(
+    provider: Provider,
+    method: str,
+    key: str,
+    json: object,
+    content: object,
+    data: object,
+    reference: str,
+) -> tuple[bytes, str | None, object, bytes]:
+    """The body to store, its content type, and what the fingerprint hashes of it: the JSON
+    body (``UNSET`` for any other), and the raw bytes of any other."""
+    if provider.key_transport != "body":
         body, content_type = _encode_body(method, json, content, data, reference)
         # A form is hashed with its fields in name order, as JSON is with sorted keys.
-        digest = fingerprint(
-            method,
-            target,
-            json_body=json,
-            raw_body=canonical_form(data) if isinstance(data, Mapping) else body,
-            is_json=json is not UNSET,
-            fields=fingerprint_fields,
+        raw = canonical_form(data) if isinstance(data, Mapping) else body
+        return body, content_type, json, raw
+    field = provider.key_field
+    if json is UNSET or not isinstance(json, dict):
+        raise InvalidRequest(
+            f"{provider.name} takes the key in the JSON body field {field!r}: "
+            "pass json= with an object",
             reference=reference,
+            key=key,
         )
+    # The fingerprint is of the body without its key: a new call mints a new one.
+    body, content_type = _encode_body(method, {**json, field: key}, UNSET, UNSET, reference)
+    return body, content_type, json, b""
+
+
+def split_headers(
+    call_headers: httpx.Headers | None, content_type: str | None, secret_names: Collection[str]
+) -> tuple[list[tuple[str, str]], tuple[tuple[str, str], ...]]:
+    """A call's headers as stored (non-secret, with the body's content type) and its secrets."""
     stored: list[tuple[str, str]] = []
-    secret: list[tuple[str, str]] = []
     if call_headers is None:
         if content_type is not None:
             stored.append(("content-type", content_type))
-    else:
-        if content_type is not None and "content-type" not in call_headers:
-            call_headers["content-type"] = content_type
-        secrets = {name.lower() for name in secret_names}
-        for name, value in call_headers.multi_items():
-            (secret if name.lower() in secrets else stored).append((name, value))
-    return _prepared(
-        reference=reference,
-        key=key,
-        key_given=key_given,
-        method=method,
-        url=stored_url,
-        headers=tuple(stored),
-        secret_headers=tuple(secret),
-        body=body,
-        fingerprint=digest,
-        origin=origin,
-        secret_params=secret_query,
-    )
+        return stored, ()
+    if content_type is not None and "content-type" not in call_headers:
+        call_headers["content-type"] = content_type
+    secrets = {name.lower() for name in secret_names}
+    secret: list[tuple[str, str]] = []
+    for name, value in call_headers.multi_items():
+        (secret if name.lower() in secrets else stored).append((name, value))
+    return stored, tuple(secret)
+
+
+def scope_headers(
+    http: httpx.Client | httpx.AsyncClient,
+    provider: Provider,
+    stored: list[tuple[str, str]],
+    secret_names: Collection[str],
+) -> list[tuple[str, str]]:
+    """The profile's scope headers this request carries, as ``(name, value)`` for the fingerprint.
+
+    A scope header the client sets for every call is copied into ``stored``
+    (the call's own wins, as httpx merges them): the intent then names its
+    account itself, and a drain of a client without that header still sends
+    it there. ``secret_names`` are lower case; a secret scope header is never stored.
+    """
+    names = [name for name in provider.scope_headers if name not in secret_names]
+    found = [(name.lower(), value) for name, value in stored if name.lower() in names]
+    given = {name for name, _ in found}
+    # Read raw: a client's few headers, compared as bytes (no decoding of the others).
+    wanted = {name.encode(): name for name in names if name not in given}
+    if wanted:
+        headers = http.headers
+        for raw_name, raw_value in headers.raw:
+            name = wanted.get(raw_name.lower())
+            if name is not None:
+                value = raw_value.decode(headers.encoding)
+                stored.append((name, value))
+                found.append((name, value))
+    return found
+
+
+def call_secrets(
+    http: httpx.Client | httpx.AsyncClient,
+    secret: Sequence[tuple[str, str]],
+    secret_query: Sequence[tuple[str, str]],
+) -> list[tuple[str, str]]:
+    """The secrets a call brings that its client does not send itself: the call's own.
+
+    Query parameters come as ``("?name", value)``. A secret equal to the
+    client's own (the same header value, the same parameter value) is not the
+    call's: any client of this sender sends it.
+    """
+    if not secret and not secret_query:
+        return []
+    headers, params = http.headers, http.params
+    own = [(name, value) for name, value in secret if headers.get(name) != value]
+    own.extend((f"?{name}", value) for name, value in secret_query if params.get(name) != value)
+    return own
+
+
+def needs_of(own: Sequence[tuple[str, str]]) -> tuple[str, ...]:
+    """What an intent needs from whoever sends it again: the names of the call's own secrets."""
+    return tuple(sorted({name.lower() for name, _ in own}))
 
 
 def wire_headers(

@@ -195,7 +195,30 @@ class Provider(BaseModel):
     #: (which is always secret): never stored, compared only as a slow hash for the
     #: sender identity, supplied again by whoever sends.
     credential_headers: frozenset[str] = frozenset()
+    #: What this provider's ``Authorization`` header carries, which decides whether a
+    #: client's default sender identity may be derived from it (see the senders guide):
+    #:
+    #: - ``"api_key"``: a long-lived secret key (Stripe's ``sk_...``): the same in every
+    #:   process until someone rolls it, so a slow hash of it names the account.
+    #: - ``"token"``: an access token that is fetched at start-up and refreshed (OAuth 2.0,
+    #:   AWS temporary credentials): a hash of it would change at each refresh and leave
+    #:   the previous process's intents to no one, so it never names a sender.
+    #: - ``None``: not documented, or both are in use: postonce cannot tell.
+    #:
+    #: ``Basic`` credentials (a user and password) are long-lived whatever this says; a
+    #: JWT access token names its account by its ``iss`` and ``sub`` claims.
+    credentials: Literal["api_key", "token"] | None = None
+    #: Request headers that choose the account a key acts for (Stripe's
+    #: ``Stripe-Account``): not secret, so stored and sent again by drains, and part of
+    #: the intent's fingerprint, so the same intent for another account is a conflict.
+    scope_headers: frozenset[str] = frozenset()
     sources: tuple[str, ...] = ()
+
+    @field_validator("credential_headers", "scope_headers")
+    @classmethod
+    def _lower(cls, value: frozenset[str]) -> frozenset[str]:
+        # Header names compare case-insensitively: kept in the one spelling compared.
+        return frozenset(name.lower() for name in value)
 
     @field_validator("key_pattern")
     @classmethod
@@ -213,6 +236,15 @@ class Provider(BaseModel):
             raise ValueError("key_min_length is greater than key_max_length")
         if self.retention <= timedelta(0):
             raise ValueError("retention must be positive")
+        both = self.scope_headers & self.credential_headers
+        if both:
+            # A scope header is stored and sent again by drains; a credential never is.
+            raise ValueError(
+                f"{', '.join(sorted(both))} cannot be both a scope header (stored) and a "
+                "credential header (never stored)"
+            )
+        if self.key_transport == "header" and self.key_field.lower() in self.scope_headers:
+            raise ValueError(f"the key's own header {self.key_field!r} cannot be a scope header")
         return self
 
 
@@ -233,11 +265,19 @@ def _profiles() -> dict[str, Provider]:
         server_errors="replayed",  # saved and replayed "including 500 errors"; see the notes
         replay_headers=("Idempotent-Replayed",),
         retry_hint_header="Stripe-Should-Retry",
+        credentials="api_key",  # secret (sk_) and restricted (rk_) keys, as Bearer or Basic
+        # Connect: the connected account a platform's key acts for; keys are unique per
+        # account, so another account's request with the same key is another request.
+        # Stripe-Context supersedes Stripe-Account.
+        scope_headers=frozenset({"stripe-account", "stripe-context"}),
         sources=(
             "https://docs.stripe.com/api/idempotent_requests",
             "https://docs.stripe.com/idempotency",
             "https://docs.stripe.com/error-codes#idempotency-key-in-use",
             "https://docs.stripe.com/error-low-level#server-errors",
+            "https://docs.stripe.com/keys",
+            "https://docs.stripe.com/connect/authentication",
+            "https://docs.stripe.com/context",
             "github.com/stripe/stripe-python stripe/_api_requestor.py, stripe/_http_client.py",
             "github.com/stripe/stripe-node src/RequestSender.ts (_shouldRetry)",
             "https://github.com/stripe/stripe-ruby/issues/503",
@@ -256,6 +296,7 @@ def _profiles() -> dict[str, Provider]:
         replay_headers=(),  # Adyen echoes idempotency-key, it marks no replay
         retry_hint_header="transient-error",
         credential_headers=frozenset({"x-api-key"}),  # "an API key in an x-API-key header"
+        credentials="api_key",  # an API key, or basic auth with a web service user's password
         sources=(
             "https://docs.adyen.com/development-resources/api-idempotency",
             "https://docs.adyen.com/development-resources/api-authentication",
@@ -270,10 +311,14 @@ def _profiles() -> dict[str, Provider]:
         in_flight=(StatusRule(status=409),),  # formerly 429, which is retryable anyway
         server_errors="not_stored",  # only 2xx cached; after a 4xx/5xx "the payment is reattempted"
         replay_headers=(),
+        # Secret keys, or OAuth 2.0 access tokens fetched with an access key pair: both
+        # travel in Authorization, so postonce cannot tell which a client carries.
+        credentials=None,
         sources=(
             "https://www.checkout.com/docs/payments/manage-payments/idempotency",
             "https://www.checkout.com/docs/payments/manage-payments/retry-a-payment",
             "https://support.checkout.com/hc/en-us/articles/24570669653010",
+            "https://www.checkout.com/docs/developer-resources/api/manage-api-keys/oauth-2-0-client-credentials",
         ),
     )
     mollie = Provider(
@@ -338,11 +383,15 @@ def _profiles() -> dict[str, Provider]:
         replay_headers=(),
         # A JWT naming the merchant a partner acts for: authority, so never stored.
         credential_headers=frozenset({"paypal-auth-assertion"}),
+        # OAuth 2.0: the client ID and secret are exchanged for an access token that is
+        # valid for the number of seconds the token call answers; then fetched again.
+        credentials="token",
         sources=(
             "https://developer.paypal.com/api/rest/requests/",
             "https://developer.paypal.com/reference/guidelines/idempotency",
             "https://developer.paypal.com/api/rest/reference/idempotency",
             "github.com/paypal/paypal-rest-api-specifications openapi/checkout_orders_v2.json",
+            "https://developer.paypal.com/api/rest/authentication/",
         ),
     )
     razorpay_payouts = Provider(
@@ -375,9 +424,14 @@ def _profiles() -> dict[str, Provider]:
         in_flight=(StatusRule(status=409),),
         mismatch=(StatusRule(code="IDEMPOTENCY_KEY_REUSED"),),
         replay_headers=(),
+        # A Bearer access token: an OAuth one expires in 30 days and is refreshed (every
+        # 7 days, Square recommends); a personal one does not, and looks the same.
+        credentials="token",
         sources=(
             "https://developer.squareup.com/docs/build-basics/common-api-patterns/idempotency",
             "github.com/square/connect-api-specification api.json",
+            "https://developer.squareup.com/docs/build-basics/access-tokens",
+            "https://developer.squareup.com/docs/oauth-api/refresh-revoke-limit-scope",
         ),
     )
     aws_client_token = Provider(
@@ -401,8 +455,12 @@ def _profiles() -> dict[str, Provider]:
         # Signature Version 4: the signature, the temporary session token, and the
         # date the signature covers (a stored one would go stale besides).
         credential_headers=frozenset({"x-amz-security-token", "x-amz-date"}),
+        # A SigV4 Authorization is a signature made anew for every request, with keys
+        # that are often temporary (STS): nothing in it names the account for long.
+        credentials="token",
         sources=(
             "https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_sigv-signing-elements.html",
+            "https://docs.aws.amazon.com/IAM/latest/UserGuide/id_credentials_temp.html",
             "https://docs.aws.amazon.com/ec2/latest/devguide/ec2-api-idempotency.html",
             "https://docs.aws.amazon.com/AWSEC2/latest/APIReference/Run_Instance_Idempotency.html",
             "https://docs.aws.amazon.com/AWSEC2/latest/APIReference/errors-overview.html",
@@ -421,9 +479,13 @@ def _profiles() -> dict[str, Provider]:
         in_flight=(StatusRule(status=409),),
         replay_headers=(),
         credential_headers=frozenset({"x-goog-api-key"}),  # an API key sent as a header
+        # Authorization carries OAuth 2.0 access tokens, which expire (after an hour, by
+        # default) and are refreshed; an API key (x-goog-api-key) is long-lived.
+        credentials="token",
         sources=(
             "github.com/aip-dev/google.aip.dev aip/general/0155.md",
             "https://cloud.google.com/docs/authentication/api-keys-use",
+            "https://developers.google.com/identity/protocols/oauth2",
         ),
     )
     ietf_draft = Provider(

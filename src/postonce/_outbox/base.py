@@ -56,6 +56,8 @@ class NewIntent:
     origin: str | None = None
     #: The caller's JSON data, as text (``meta=``): stored, never sent or fingerprinted.
     meta: str | None = None
+    #: The names of the call's own secrets its sends need (``IntentRecord.needs``).
+    needs: tuple[str, ...] = ()
 
 
 @quick_init
@@ -95,9 +97,12 @@ class Opened:
 class Foreign:
     """Due intents a drain may not send, of one sender and origin: whose client sends them."""
 
-    sender: str | None  # None: written before sender identities were kept (adopted on open)
+    sender: str | None  # None: unowned, written by a release from before sender identities
     origin: str | None
     due: int
+    #: When the first of them fell due (a pending row's due time, a sending row's
+    #: lease expiry): none of them has been claimed since. None: the store does not say.
+    waiting_since: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +117,11 @@ class Census:
     foreign: tuple[Foreign, ...] = ()
     #: This sender's settlements still owed after their handler raised.
     settle_failing: int = 0
+    #: Due intents of no sender addressed to this client's origins (written by an
+    #: older release after the migration): the drain's next pass adopts them.
+    unowned: int = 0
+    #: The ``now`` the census counted at (what ``waiting_since`` is measured against).
+    at: float | None = None
 
 
 #: The most sender-and-origin groups a census names; ``not_ours`` counts them all.
@@ -240,7 +250,12 @@ class Store(Protocol):
     ) -> list[Opened]: ...
 
     def adopt(
-        self, *, sender: str, origins: Collection[str] | None, previous: str | None = None
+        self,
+        *,
+        sender: str,
+        origins: Collection[str] | None,
+        previous: str | None = None,
+        unfinished: bool = False,
     ) -> int: ...
 
     def census(self, *, sender: str, origins: Collection[str] | None, now: float) -> Census: ...

@@ -14,8 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from json.encoder import encode_basestring_ascii as _json_string
 from typing import Any
 
@@ -76,6 +75,7 @@ __all__ = [
     "stats_of",
     "stats_report",
     "taken",
+    "waiting_since",
 ]
 
 #: Column name -> value, as a store writes them.
@@ -124,7 +124,7 @@ _copy_lease = replacer(Lease)
 
 def insert_row(new: NewIntent, lease: Lease, now: float) -> Changes:
     """The columns of a new intent: stored, and leased to its first sender, in one write."""
-    return {
+    row: Changes = {
         "reference": new.reference,
         "key": new.key,
         "provider": new.provider,
@@ -147,6 +147,9 @@ def insert_row(new: NewIntent, lease: Lease, now: float) -> Changes:
         "origin": new.origin,
         "meta": new.meta,
     }
+    if new.needs:  # only then: the common INSERT stays the statement it was
+        row["needs"] = json.dumps(list(new.needs))
+    return row
 
 
 def created(new: NewIntent, intent_id: int, lease: Lease, now: float) -> Opened:
@@ -175,6 +178,7 @@ def created(new: NewIntent, intent_id: int, lease: Lease, now: float) -> Opened:
         sender=new.sender,
         origin=new.origin,
         meta=json.loads(new.meta) if new.meta else None,
+        needs=new.needs,
     )
     return _opened(
         record,
@@ -213,6 +217,12 @@ def conflict_with(record: IntentRecord, new: NewIntent) -> str | None:
             f"{new.provider!r} (the key would travel or be kept differently)"
         )
     if record.fingerprint != new.fingerprint:
+        if record.purged_at is not None:
+            return (
+                f"it finished as {record.state.value} and was purged: only its tombstone is "
+                "left, and it was made for another request (the two cannot be compared now). "
+                + done_advice(record.state.value, None)
+            )
         # Only here, on a conflict, are the two requests compared part by part.
         why = request_conflict(
             Request(record.method, record.url, record.headers, record.body, record.key),
@@ -221,6 +231,11 @@ def conflict_with(record: IntentRecord, new: NewIntent) -> str | None:
         if record.state in (State.FAILED, State.CANCELLED):
             status = record.response.status if record.response is not None else None
             why += ". " + done_advice(record.state.value, status)
+        else:
+            why += (
+                ". If another application on this host uses the same intent names, give each "
+                "application an outbox of its own (outbox= or POSTONCE_OUTBOX)"
+            )
         return why
     if new.key_given and record.key != new.key:
         return "it is stored with a different key"
@@ -644,9 +659,16 @@ def stats_of(records: list[IntentRecord], now: float) -> dict[str, Any]:
 
 
 def census_of(
-    records: list[IntentRecord], now: float, admits: Callable[[str | None, str | None], bool]
+    records: list[IntentRecord],
+    now: float,
+    admits: Callable[[str | None, str | None], bool],
+    origins: Collection[str] | None = None,
 ) -> Census:
-    """What a drain left, counted from the records: others' due intents, its own held elsewhere."""
+    """What a drain left, counted from the records: others' due intents, its own held elsewhere.
+
+    A due intent of no sender addressed to one of ``origins`` is nobody else's:
+    it is ``unowned`` (the drain's next pass adopts it), not another sender's.
+    """
     held = [
         r.lease_expires_at or 0.0
         for r in records
@@ -654,24 +676,40 @@ def census_of(
         and (r.lease_expires_at or 0.0) > now
         and admits(r.sender, r.origin)
     ]
-    theirs = Counter(
-        (r.sender, r.origin) for r in records if due_by(r, now) and not admits(r.sender, r.origin)
-    )
+    due = [r for r in records if due_by(r, now) and not admits(r.sender, r.origin)]
+    unowned = [r for r in due if r.sender is None and r.origin in (origins or ())]
+    theirs: dict[tuple[str | None, str | None], list[float]] = {}
+    for r in due:
+        if r.sender is not None or r.origin not in (origins or ()):
+            theirs.setdefault((r.sender, r.origin), []).append(waiting_since(r))
     failing = sum(
         1
         for r in records
         if r.settle_due_at is not None and r.settle_attempts and admits(r.sender, r.origin)
     )
     return Census(
-        sum(theirs.values()),
+        sum(len(since) for since in theirs.values()),
         len(held),
         min(held, default=None),
-        foreign_of((sender, origin, due) for (sender, origin), due in theirs.items()),
+        foreign_of((s, o, len(since), min(since)) for (s, o), since in theirs.items()),
         failing,
+        len(unowned),
+        now,
     )
 
 
-def foreign_of(groups: Iterable[tuple[str | None, str | None, int]]) -> tuple[Foreign, ...]:
-    """Whose due intents a drain may not send: the FOREIGN_SHOWN largest groups, most first."""
+def waiting_since(record: IntentRecord) -> float:
+    """When a due intent fell due: a sending one's lease expiry, a pending one's due time."""
+    when = record.lease_expires_at if record.state is State.SENDING else record.due_at
+    return 0.0 if when is None else when
+
+
+def foreign_of(
+    groups: Iterable[tuple[str | None, str | None, int, float | None]],
+) -> tuple[Foreign, ...]:
+    """Whose due intents a drain may not send: the FOREIGN_SHOWN largest groups, most first.
+
+    Each group is ``(sender, origin, how many, when the first fell due)``.
+    """
     ranked = sorted(groups, key=lambda g: (-g[2], g[0] or "", g[1] or ""))
-    return tuple(Foreign(sender, origin, int(n)) for sender, origin, n in ranked[:FOREIGN_SHOWN])
+    return tuple(Foreign(s, o, int(n), since) for s, o, n, since in ranked[:FOREIGN_SHOWN])

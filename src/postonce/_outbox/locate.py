@@ -28,7 +28,12 @@ OutboxSpec = str | os.PathLike[str] | Store | None
 _POSTGRES = ("postgresql://", "postgres://")
 _SQLITE = "sqlite:///"
 #: The forms an outbox spec takes, for every message that refuses one.
-ACCEPTED = "a path (outbox.sqlite3), sqlite:///path, or postgresql://user@host/db[?schema=name]"
+ACCEPTED = (
+    "a path (outbox.sqlite3), sqlite:///path[?create=1], or postgresql://user@host/db[?schema=name]"
+)
+#: ``sqlite:///path?create=...``: 1 adds the outbox's tables to a database of another
+#: application's; 0 never creates anything (the outbox must be there).
+_CREATE = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
 #: Seconds the PostgreSQL probe waits to connect: a wrong host fails in this, not in a pool hang.
 PROBE_TIMEOUT = 5
 
@@ -60,9 +65,26 @@ def split_schema(url: str) -> tuple[str, str]:
 
 
 def _sqlite_path(where: str) -> Path:
+    return _sqlite_spec(where)[0]
+
+
+def _sqlite_spec(where: str) -> tuple[Path, bool | None]:
+    """The file a SQLite spec names, and its ``?create=`` (None: not given).
+
+    Only the ``sqlite:///`` form takes options; a plain path is taken as it is.
+    """
+    create = None
     if where.startswith(_SQLITE):
-        where = where[len(_SQLITE) :]
-    return Path(where).expanduser()
+        where, _, query = where[len(_SQLITE) :].partition("?")
+        for name, value in parse_qsl(query, keep_blank_values=True):
+            if name != "create" or value.lower() not in _CREATE:
+                raise ConfigurationError(
+                    f"the outbox URL option {name}={value!r} is not known: a sqlite:/// URL "
+                    "takes only create=1 (add the outbox's tables to another application's "
+                    "database) or create=0 (never create an outbox)"
+                )
+            create = _CREATE[value.lower()]
+    return Path(where).expanduser(), create
 
 
 def check_spec(spec: OutboxSpec) -> None:
@@ -135,13 +157,23 @@ def _cause(exc: Exception) -> str:
     return reason
 
 
-def open_store(spec: OutboxSpec, *, durability: Durability = "full", create: bool = True) -> Store:
+def open_store(
+    spec: OutboxSpec,
+    *,
+    durability: Durability = "full",
+    create: bool = True,
+    migrate: bool = True,
+) -> Store:
     """Open the outbox a spec names: a Store, a path, ``sqlite:///path``, a PostgreSQL URL.
 
     ``postgresql://user@host/db?schema=name`` keeps the tables in schema
-    ``name`` (default ``postonce``).
+    ``name`` (default ``postonce``). ``sqlite:///path?create=1`` adds the
+    outbox's tables to another application's database (refused otherwise);
+    ``?create=0`` creates nothing.
 
     With ``create=False`` a missing outbox is an OutboxError, not a new file.
+    With ``migrate=False`` (a command that only reads) nothing is written: an
+    outbox of an older schema is an OutboxError, not migrated.
     """
     where = describe(spec)
     if not isinstance(where, str):
@@ -157,7 +189,16 @@ def open_store(spec: OutboxSpec, *, durability: Durability = "full", create: boo
             ) from exc
         url, schema = split_schema(where)
         probe_postgres(url)
-        return PostgresStore(url, schema=schema, durability=durability, create=create)
+        return PostgresStore(
+            url, schema=schema, durability=durability, create=create, migrate=migrate
+        )
     if "://" in where and not where.startswith(_SQLITE):
         raise ConfigurationError(f"unknown outbox URL {_redact(where)!r}: use {ACCEPTED}")
-    return SQLiteStore(_sqlite_path(where), durability=durability, create=create)
+    path, asked = _sqlite_spec(where)
+    return SQLiteStore(
+        path,
+        durability=durability,
+        create=create and asked is not False,
+        migrate=migrate,
+        foreign=create and asked is True,
+    )

@@ -226,9 +226,16 @@ class MemoryOutbox(StoreBase):
             return expires is not None and expires <= due_by
         return False
 
-    def _unowned(self, previous: str | None) -> list[tuple[int, str, str | None]]:
+    def _unowned(
+        self, previous: str | None, unfinished: bool = False
+    ) -> list[tuple[int, str, str | None]]:
+        open_states = (State.PENDING.value, State.SENDING.value)
         with self._lock:
-            rows = [r for r in self._rows.values() if r["sender"] == previous]
+            rows = [
+                r
+                for r in self._rows.values()
+                if r["sender"] == previous and (not unfinished or r["state"] in open_states)
+            ]
         return [(r["id"], r["url"], r["origin"]) for r in rows]
 
     def _assign(self, changes: list[tuple[int, decide.Changes]], previous: str | None) -> int:
@@ -243,7 +250,7 @@ class MemoryOutbox(StoreBase):
     def census(self, *, sender: str, origins: Collection[str] | None, now: float) -> Census:
         """Due intents this sender may not send, and its intents other owners hold now."""
         mine = Mine(sender, None if origins is None else tuple(origins))
-        return decide.census_of(self._records(), now, mine.admits)
+        return decide.census_of(self._records(), now, mine.admits, mine.origins)
 
     def run_batch(self, calls: list[tuple[str, dict[str, Any]]]) -> list[tuple[bool, Any]]:
         """Run several store calls under the lock, in order; ``(ok, result or exception)`` each.

@@ -41,8 +41,14 @@ from .._exceptions import ConfigurationError, OutboxError
 from .._intent import TERMINAL
 from . import decide
 from .base import AttemptRecord, Lease, Opened
-from .migrations.postgres import MIGRATIONS, SCHEMA_VERSION, migrate, migrations
-from .rows import COLUMN_NAMES, decode_row, needs_durable
+from .migrations.postgres import (
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    current_version,
+    migrate,
+    migrations,
+)
+from .rows import COLUMN_NAMES, decode_row, needs_durable, newer_schema
 from .sql import SQLStore
 from .sqlite import Durability
 from .store import Mine, Take
@@ -273,8 +279,13 @@ class PostgresStore(SQLStore):
         timeout: float = 10.0,
         create: bool = True,
         check_connections: bool = True,
+        migrate: bool = True,
     ) -> None:
         """Connect a pool to ``url`` and migrate ``schema`` (created if missing).
+
+        ``create=False``: a missing outbox is an OutboxError. ``migrate=False``
+        (a command that only reads): no DDL at all; an outbox of an older schema
+        is an OutboxError saying it needs a migration.
 
         ``check_connections`` tests each pooled connection before use, so a
         database restart costs no failed call: a poll() of its socket, and an
@@ -291,6 +302,7 @@ class PostgresStore(SQLStore):
         self.schema = schema
         self.durability: Durability = durability
         self._create = create
+        self._migrating = migrate
         self._local = threading.local()
         self._group = _GroupCommit(self._commit_group)
         self._records: dict[tuple[Any, ...], str] = {}
@@ -338,7 +350,21 @@ class PostgresStore(SQLStore):
 
     def _migrate(self) -> None:
         with self._connection() as conn:
-            migrate(conn, self.schema, create=self._create, where=self._where)
+            if self._migrating:
+                migrate(conn, self.schema, create=self._create, where=self._where)
+                return
+            version = current_version(conn, self.schema)
+        if version is None:
+            raise OutboxError(f"no outbox in schema {self.schema!r} at {self._where}")
+        if version > SCHEMA_VERSION:
+            raise newer_schema(f"in schema {self.schema!r}", version, SCHEMA_VERSION)
+        if version < SCHEMA_VERSION:
+            raise OutboxError(
+                f"the outbox in schema {self.schema!r} at {self._where} has schema version "
+                f"{version}, and this postonce reads version {SCHEMA_VERSION}: it needs a "
+                "migration, which a command that only reads never makes. A postonce.Client (or "
+                "postonce drain) of this version migrates it when it opens it"
+            )
 
     def _column_types(self) -> dict[str, dict[str, str]]:
         """Each table's columns and their types, spelled as casts."""

@@ -65,6 +65,7 @@ COLUMN_NAMES = (
     "settle_attempts",
     "settle_error",
     "settled_at",
+    "needs",
 )
 COLUMNS = ", ".join(COLUMN_NAMES)
 # A stored value's member by a dict lookup: ``State(value)`` runs the enum
@@ -134,6 +135,7 @@ def decode_row(row: tuple[Any, ...]) -> IntentRecord:
         settle_attempts,
         settle_error,
         settled_at,
+        needs,
     ) = row
     state = _STATE_OF.get(state) or State(state)
     if state in TERMINAL and lease_owner is None:
@@ -181,6 +183,7 @@ def decode_row(row: tuple[Any, ...]) -> IntentRecord:
         settle_attempts=int(settle_attempts or 0),
         settle_error=settle_error,
         settled_at=_time(settled_at),
+        needs=tuple(json.loads(needs)) if needs else (),
     )
 
 
@@ -229,6 +232,7 @@ def export_rows(store: Store) -> Iterator[dict[str, Any]]:
             "sender": record.sender,
             "origin": record.origin,
             "meta": record.meta,
+            "needs": list(record.needs),
             "settle_due_at": record.settle_due_at,
             "settled_at": record.settled_at,
             "settle_error": record.settle_error,

@@ -359,12 +359,21 @@ class SQLStore(StoreBase):
                 )
         return claimed
 
-    def _unowned(self, previous: str | None) -> list[tuple[int, str, str | None]]:
+    def _unowned(
+        self, previous: str | None, unfinished: bool = False
+    ) -> list[tuple[int, str, str | None]]:
         whose = "sender IS NULL" if previous is None else "sender = ?"
-        rows = self._select(
-            f"SELECT id, url, origin FROM {{intents}} WHERE {whose}",
-            () if previous is None else (previous,),
-        )
+        params: tuple[Any, ...] = () if previous is None else (previous,)
+        if unfinished:
+            # Each arm through its claim index (sender first): a drain asks at every pass.
+            rows = self._select(
+                f"SELECT id, url, origin FROM {{intents}} WHERE {whose} AND state = 'pending'"
+                f" UNION ALL SELECT id, url, origin FROM {{leases}}"
+                f" WHERE {whose} AND state = 'sending'",
+                params * 2,
+            )
+        else:
+            rows = self._select(f"SELECT id, url, origin FROM {{intents}} WHERE {whose}", params)
         return [(int(i), str(url), origin) for i, url, origin in rows]
 
     def _assign(self, changes: list[tuple[int, decide.Changes]], previous: str | None) -> int:
@@ -382,41 +391,77 @@ class SQLStore(StoreBase):
         return adopted
 
     def census(self, *, sender: str, origins: Collection[str] | None, now: float) -> Census:
-        """Due intents this sender may not send, and its intents other owners hold now."""
+        """Due intents this sender may not send, and its intents other owners hold now.
+
+        A due row of no sender addressed to one of ``origins`` is not another's:
+        it is counted as ``unowned`` (the drain's next pass adopts it).
+        """
         mine = Mine(sender, None if origins is None else tuple(sorted(origins)))
         only, params = self._mine(mine)
-        # The negation of Mine.admits, NULL-safe: a row of no origin is ours unless the
-        # client names its origins (then only rows addressed to one of them are).
-        guard = "sender IS NOT NULL" + (
-            " AND origin IS NOT NULL" if mine.origins is not None else ""
+        theirs, theirs_params = self._theirs(mine)
+        unowned, unowned_params = self._adoptable(mine)
+        due = (
+            "SELECT {cols} FROM {{intents}} WHERE state = 'pending' AND due_at <= ? AND {where}"
+            " UNION ALL SELECT {cols} FROM {{leases}}"
+            " WHERE state = 'sending' AND lease_expires_at <= ? AND {where}"
         )
-        theirs = f"NOT ({guard}{only})"
-        ((not_ours, leased, expiry, failing),) = self._select(
-            f"SELECT (SELECT count(*) FROM {{intents}} WHERE state = 'pending'"
-            f" AND due_at <= ? AND {theirs}) + (SELECT count(*) FROM {{leases}}"
-            f" WHERE state = 'sending' AND lease_expires_at <= ? AND {theirs}),"
-            " (SELECT count(*) FROM {leases}"
+        ((not_ours, leased, expiry, failing, adoptable),) = self._select(
+            "SELECT (SELECT count(*) FROM ("
+            + due.format(cols="id", where=theirs)
+            + ") t), (SELECT count(*) FROM {leases}"
             f" WHERE state = 'sending' AND lease_expires_at > ?{only}),"
             " (SELECT min(lease_expires_at) FROM {leases}"
             f" WHERE state = 'sending' AND lease_expires_at > ?{only}),"
             " (SELECT count(*) FROM {intents}"
-            f" WHERE settle_due_at IS NOT NULL AND settle_attempts > 0{only})",
-            (now, *params, now, *params, now, *params, now, *params, *params),
+            f" WHERE settle_due_at IS NOT NULL AND settle_attempts > 0{only}),"
+            " (SELECT count(*) FROM (" + due.format(cols="id", where=unowned) + ") u)",
+            (
+                *(now, *theirs_params, now, *theirs_params),
+                *(now, *params, now, *params, *params),
+                *(now, *unowned_params, now, *unowned_params),
+            ),
         )
         foreign: tuple[Foreign, ...] = ()
         if not_ours:
-            # Read only when there are some: whose they are, for the message that
-            # tells a person which client's drain sends them.
+            # Read only when there are some: whose they are, and since when they wait,
+            # for the message that tells a person which client's drain sends them.
             groups = self._select(
-                "SELECT sender, origin, count(*) FROM"
-                " (SELECT sender, origin FROM {intents} WHERE state = 'pending'"
-                f" AND due_at <= ? AND {theirs} UNION ALL SELECT sender, origin FROM {{leases}}"
-                f" WHERE state = 'sending' AND lease_expires_at <= ? AND {theirs}) due"
-                " GROUP BY sender, origin",
-                (now, *params, now, *params),
+                "SELECT sender, origin, count(*), min(since) FROM ("
+                + due.format(
+                    cols="sender, origin, CASE WHEN state = 'sending' THEN lease_expires_at"
+                    " ELSE due_at END AS since",
+                    where=theirs,
+                )
+                + ") due GROUP BY sender, origin",
+                (now, *theirs_params, now, *theirs_params),
             )
-            foreign = decide.foreign_of((s, o, int(n)) for s, o, n in groups)
-        return Census(int(not_ours), int(leased), expiry, foreign, int(failing))
+            foreign = decide.foreign_of(
+                (s, o, int(n), None if t is None else float(t)) for s, o, n, t in groups
+            )
+        return Census(
+            int(not_ours), int(leased), expiry, foreign, int(failing), int(adoptable), now
+        )
+
+    def _theirs(self, mine: Mine) -> tuple[str, tuple[Any, ...]]:
+        """The rows this census counts as others': not ``mine``'s, nor of no sender to its origins.
+
+        The negation of Mine.admits, NULL-safe: a row of no origin is ours unless the
+        client names its origins (then only rows addressed to one of them are).
+        """
+        only, params = self._mine(mine)
+        guard = "sender IS NOT NULL" + (
+            " AND origin IS NOT NULL" if mine.origins is not None else ""
+        )
+        adoptable, more = self._adoptable(mine)
+        return f"NOT ({guard}{only}) AND NOT ({adoptable})", (*params, *more)
+
+    @staticmethod
+    def _adoptable(mine: Mine) -> tuple[str, tuple[Any, ...]]:
+        """Rows of no sender addressed to one of ``mine``'s origins (false if it names none)."""
+        if not mine.origins:
+            return "1 = 0", ()
+        marks = ", ".join("?" for _ in mine.origins)
+        return f"sender IS NULL AND origin IS NOT NULL AND origin IN ({marks})", mine.origins
 
     def get(self, reference: str) -> IntentRecord | None:
         rows = self._select(f"SELECT {COLUMNS} FROM {{intents}} WHERE reference = ?", (reference,))

@@ -11,7 +11,11 @@ not every provider replays those. Either way, an application crash loses no
 committed transaction in WAL mode; only the power-loss window differs.
 
 The schema is created and migrated with sqlite-utils; the version lives in
-``PRAGMA user_version``.
+``PRAGMA user_version``. A file is read before anything is written to it: the
+tables are created only in a new (empty) database, or, where the outbox spec
+asks for it (``foreign=True``), beside another application's tables; a store
+opened to read only (``migrate=False``) neither switches the journal mode nor
+migrates an older schema.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from typing import Any, Literal
 import sqlite_utils
 
 from .._engine import CLOCK_TOLERANCE
-from .._exceptions import OutboxError
+from .._exceptions import ConfigurationError, OutboxError, PostonceError
 from .._intent import TERMINAL
 from . import decide
 from .base import AttemptRecord, Lease
@@ -126,7 +130,19 @@ class SQLiteStore(SQLStore):
         durability: Durability = "full",
         busy_timeout: float = 5.0,
         create: bool = True,
+        migrate: bool = True,
+        foreign: bool = False,
     ) -> None:
+        """Open (and migrate) the outbox in the file at ``path``.
+
+        ``create``: a missing file, or an empty database, becomes a new outbox
+        (False: the outbox must be there). ``migrate``: an outbox of an older
+        schema is migrated, and the file switched to WAL (False: opened to read
+        only, an older schema is refused and nothing is written). ``foreign``:
+        the outbox's tables may be added to a database holding another
+        application's tables (only when it keeps no ``user_version`` of its own
+        and no table of postonce's names).
+        """
         if durability not in ("full", "normal"):
             raise ValueError(f"durability must be 'full' or 'normal', not {durability!r}")
         super().__init__(intents="intents", attempts="attempts", leases=_LEASES)
@@ -140,6 +156,7 @@ class SQLiteStore(SQLStore):
         self._sync: str | None = None
         self._left: list[int] = []  # ended intents perhaps still in the lease index (_record)
         self._unswept = 0  # fresh intents written since this store's last sweep
+        self._create, self._migrating, self._foreign = create, migrate, foreign
         if not create and not self.path.exists():
             raise OutboxError(f"no outbox at {self.path}")
         try:
@@ -156,7 +173,7 @@ class SQLiteStore(SQLStore):
         except sqlite3.Error as exc:
             self._conn.close()
             raise OutboxError(f"cannot use {self.path} as an outbox: {exc}") from exc
-        except OutboxError:
+        except PostonceError:
             self._conn.close()
             raise
         # A process that exits without close() still sweeps (a killed one leaves the
@@ -176,6 +193,9 @@ class SQLiteStore(SQLStore):
         deadline = time.monotonic() + busy_timeout
         while True:
             try:
+                # Read first: nothing is written to a file that is not ours to change.
+                if not self._check_file():
+                    return
                 self._conn.execute("PRAGMA journal_mode = WAL").fetchone()
                 self._migrate()
                 return
@@ -184,6 +204,69 @@ class SQLiteStore(SQLStore):
                 if not locked or time.monotonic() >= deadline:
                     raise
                 time.sleep(0.01)
+
+    def _check_file(self) -> bool:
+        """Whether to switch this file to WAL and migrate it; raises where it is not ours to.
+
+        An outbox (version 1 or more, its tables there) of an older schema is
+        refused when opened to read only. An empty database becomes an outbox
+        only where ``create`` allows. Any other is another application's
+        database: joined only on request (``foreign``), and only where postonce
+        would overwrite nothing of the application's.
+        """
+        # One statement, so one snapshot: another process creating the outbox right
+        # now is seen before or after its migration's commit, never half-way.
+        found = self._conn.execute(
+            "SELECT 'version', user_version FROM pragma_user_version UNION ALL"
+            " SELECT 'table', name FROM sqlite_master WHERE type IN ('table', 'view')"
+            " AND name NOT LIKE 'sqlite%'"
+        ).fetchall()
+        version = next(int(value) for kind, value in found if kind == "version")
+        tables = sorted(str(value) for kind, value in found if kind == "table")
+        writes = self._create and self._migrating
+        if version >= 1 and {"intents", "attempts"} <= set(tables):
+            if version > SCHEMA_VERSION:
+                raise newer_schema(f"at {self.path}", version, SCHEMA_VERSION)
+            if version < SCHEMA_VERSION and not self._migrating:
+                raise OutboxError(
+                    f"the outbox at {self.path} has schema version {version}, and this postonce "
+                    f"reads version {SCHEMA_VERSION}: it needs a migration, which a command that "
+                    "only reads never makes. A postonce.Client (or postonce drain) of this "
+                    "version migrates it when it opens it; older releases still running keep "
+                    "working after it"
+                )
+            return self._migrating
+        if not tables and version == 0:
+            if not writes:
+                raise OutboxError(f"no outbox at {self.path}: the file holds no tables")
+            return True
+        clash = sorted({"intents", "attempts", "intents_swept"} & set(tables))
+        if writes and self._foreign and not clash and version == 0:
+            return True
+        raise self._not_ours(version, tables, clash)
+
+    def _not_ours(self, version: int, tables: list[str], clash: list[str]) -> PostonceError:
+        """The refusal of another application's database: why, and the way out."""
+        found = f"tables {', '.join(tables) or 'none'}, user_version {version}"
+        if not (self._create and self._migrating):
+            return OutboxError(
+                f"{self.path} is not a postonce outbox ({found}): nothing was changed"
+            )
+        if not self._foreign:
+            spec = f"sqlite:///{self.path}?create=1"
+            why = (
+                "postonce adds its tables (intents, attempts, intents_swept) and sets PRAGMA "
+                f"user_version only where asked: outbox={spec!r}, or give the outbox a file "
+                "of its own"
+            )
+        elif clash:
+            why = f"it has a table named {clash[0]} of its own: give the outbox a file of its own"
+        else:
+            why = (
+                f"its PRAGMA user_version is {version}, which the application keeps for its own "
+                "schema and postonce's would overwrite: give the outbox a file of its own"
+            )
+        return ConfigurationError(f"{self.path} is another application's database ({found}): {why}")
 
     def _migrate(self) -> None:
         version = int(self._conn.execute("PRAGMA user_version").fetchone()[0])

@@ -78,8 +78,14 @@ class StoreBase(ABC):
         """The owners of ``mine``'s intents under a lease that has not run out."""
 
     @abstractmethod
-    def _unowned(self, previous: str | None) -> list[tuple[int, str, str | None]]:
-        """``(id, url, origin)`` of each row of sender ``previous`` (None: of no sender)."""
+    def _unowned(
+        self, previous: str | None, unfinished: bool = False
+    ) -> list[tuple[int, str, str | None]]:
+        """``(id, url, origin)`` of each row of sender ``previous`` (None: of no sender).
+
+        ``unfinished``: only its pending and sending rows (a drain's every pass
+        reads these few through the claim indexes, not every row of no sender).
+        """
 
     @abstractmethod
     def _assign(self, changes: list[tuple[int, decide.Changes]], previous: str | None) -> int:
@@ -183,16 +189,23 @@ class StoreBase(ABC):
         return self._claim(due_by=due_by, now=now, limit=limit, take=take, mine=mine)
 
     def adopt(
-        self, *, sender: str, origins: Collection[str] | None, previous: str | None = None
+        self,
+        *,
+        sender: str,
+        origins: Collection[str] | None,
+        previous: str | None = None,
+        unfinished: bool = False,
     ) -> int:
         """Make ``sender`` the sender of the intents of ``previous`` addressed to ``origins``.
 
         ``previous=None`` adopts intents written before senders were kept (each
-        one's origin read from its URL). Answers how many were adopted.
+        one's origin read from its URL). ``unfinished``: only pending and
+        sending ones (what a drain's pass looks for: rows a process of an older
+        release wrote since). Answers how many were adopted.
         """
         if origins is None:
             return 0  # a client with no origins of its own has nothing to adopt
-        found = self._unowned(previous)
+        found = self._unowned(previous, unfinished)
         changes = decide.adoptions(found, sender, frozenset(origins))
         return self._assign(changes, previous) if changes else 0
 

@@ -245,7 +245,10 @@ def _v7(db: sqlite_utils.Database) -> None:
     walks for its reconciler now holds both. Rows written before keep their
     state: an intent that ended ``failed`` on such an answer stays failed
     (its settlement was delivered as such). A process of an older release
-    asks only about ``expired`` rows, which it still finds, without the index.
+    asks only about ``expired`` rows, which it still finds, without the index;
+    but it cannot read an ``indeterminate`` row (the state is new to it), so
+    its listing and its settlement pass fail on one: upgrade every process
+    before relying on the new state.
     """
     db.execute("DROP INDEX intents_expired")
     db.execute(
@@ -254,6 +257,26 @@ def _v7(db: sqlite_utils.Database) -> None:
     )
 
 
+def _v8(db: sqlite_utils.Database) -> None:
+    """An intent sent with a call's own secrets says which: ``needs``.
+
+    A JSON list of their names (headers in lower case, query parameters as
+    ``?name``), never a value; NULL for an intent whose sends need only the
+    client's own credentials, as every row written before this version. A
+    process of an older release neither writes nor reads it.
+    """
+    db.execute("ALTER TABLE intents ADD COLUMN needs TEXT")
+
+
 #: MIGRATIONS[n] takes a database at schema version n to n + 1.
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7]
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
+    _v1,
+    _v2,
+    _v3,
+    _v4,
+    _v5,
+    _v6,
+    _v7,
+    _v8,
+]
 SCHEMA_VERSION = len(MIGRATIONS)
