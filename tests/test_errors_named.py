@@ -83,12 +83,19 @@ def test_both_clients_share_one_check() -> None:
     """Client and AsyncClient name a bad option through the same function, not two copies."""
     import inspect
 
-    from postonce import _async_client, _client
+    from postonce import _async_client, _base, _client
 
     for module in (_client, _async_client):
         source = inspect.getsource(module)
-        assert source.count("refuse_unknown(self, called, options)") == 1
+        assert "refuse_unknown" not in source  # both go through BaseClient._begin_once
         assert "get_close_matches" not in source
+    assert inspect.getsource(_base).count("refuse_unknown(self, called, options)") == 1
+    said = []
+    for client in (postonce.Client("http://api.test"), postonce.AsyncClient("http://api.test")):
+        with pytest.raises(TypeError) as raised:
+            client._begin_once("POST", "/c", {"intnet": "x"}, "post_once")  # type: ignore[typeddict-unknown-key]
+        said.append(str(raised.value).split(".", 1)[1])  # past "Client" / "AsyncClient"
+    assert said[0] == said[1]
 
 
 # -- 2 and 3. an IntentConflict says what differs, and how to go on ---------------------

@@ -19,7 +19,6 @@ import anyio
 import httpx
 from typing_extensions import Unpack
 
-from ._arguments import refuse_unknown
 from ._base import BaseClient, OnceOptions, _is_coroutine_function, named, with_options
 from ._budget import RetryBudget
 from ._drain import (
@@ -196,15 +195,7 @@ class AsyncClient(BaseClient):
         self, method: str, url: httpx.URL | str, options: OnceOptions, called: str
     ) -> httpx.Response:
         """A ``*_once`` call; ``called`` names the public method, for a misspelt option."""
-        try:
-            prepared, sender, new = self._plan(method, url, **options)
-        except TypeError:
-            refuse_unknown(self, called, options)  # a misspelt option, named; else as raised
-            raise
-        try:
-            ticket = self._begin_call()
-        except PostonceError as exc:
-            raise named(exc, prepared.reference, prepared.key) from exc
+        prepared, sender, new, ticket = self._begin_once(method, url, options, called)
         try:
             return await self._request(prepared.reference, prepared.key, sender, new)
         finally:
@@ -358,15 +349,7 @@ class AsyncClient(BaseClient):
                 elif isinstance(effect, Sleep):
                     await anyio.sleep(effect.seconds)
                 elif isinstance(effect, Callback):
-                    if _is_coroutine_function(effect.fn):
-                        value = effect.fn(effect.arg)
-                    else:
-                        # A plain on_settled/reconcile may block (a database write, a
-                        # provider lookup): on a worker thread, the loop runs on. The
-                        # context is copied, so close() inside it is still caught.
-                        value = await anyio.to_thread.run_sync(effect.fn, effect.arg)
-                    if inspect.isawaitable(value):
-                        value = await value
+                    value = await _call_back(effect)
                 else:
                     began = time.perf_counter()
                     ticket = thread.submit(effect.method, effect.kwargs)
@@ -568,3 +551,19 @@ class AsyncClient(BaseClient):
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+
+
+async def _call_back(effect: Callback) -> Any:
+    """Call the application's handler or reconciler; a plain function runs off the loop.
+
+    A plain ``on_settled``/``reconcile`` may block (a database write, a provider
+    lookup): on a worker thread, the loop runs on. The context is copied, so a
+    close() inside it is still caught.
+    """
+    if _is_coroutine_function(effect.fn):
+        value = effect.fn(effect.arg)
+    else:
+        value = await anyio.to_thread.run_sync(effect.fn, effect.arg)
+    if inspect.isawaitable(value):
+        value = await value
+    return value

@@ -22,7 +22,7 @@ from typing import Any, Literal, TypedDict, TypeVar
 
 import httpx
 
-from ._arguments import check_wait
+from ._arguments import check_wait, refuse_unknown
 from ._budget import RetryBudget
 from ._drain import UNSENDABLE_WAIT, Tally, unsendable
 from ._exceptions import (
@@ -673,6 +673,24 @@ class BaseClient:
             self._store, self._owns_store = outbox, False
 
     # -- planning a call -----------------------------------------------------
+
+    def _begin_once(
+        self, method: str, url: httpx.URL | str, options: OnceOptions, called: str
+    ) -> tuple[Prepared, Sender, NewIntent, _CallTicket]:
+        """Plan a ``*_once`` call and mark it under way; ``called`` names the public method.
+
+        A misspelt option is named (with the closest one) by ``refuse_unknown``.
+        """
+        try:
+            prepared, sender, new = self._plan(method, url, **options)
+        except TypeError:
+            refuse_unknown(self, called, options)  # a misspelt option, named; else as raised
+            raise
+        try:
+            ticket = self._begin_call()
+        except PostonceError as exc:
+            raise named(exc, prepared.reference, prepared.key) from exc
+        return prepared, sender, new, ticket
 
     def _plan(
         self,

@@ -11,7 +11,6 @@ from typing import Any, Literal
 import httpx
 from typing_extensions import Unpack
 
-from ._arguments import refuse_unknown
 from ._base import (
     BaseClient,
     OnceOptions,
@@ -160,15 +159,7 @@ class Client(BaseClient):
         self, method: str, url: httpx.URL | str, options: OnceOptions, called: str
     ) -> httpx.Response:
         """A ``*_once`` call; ``called`` names the public method, for a misspelt option."""
-        try:
-            prepared, sender, new = self._plan(method, url, **options)
-        except TypeError:
-            refuse_unknown(self, called, options)  # a misspelt option, named; else as raised
-            raise
-        try:
-            ticket = self._begin_call()
-        except PostonceError as exc:
-            raise named(exc, prepared.reference, prepared.key) from exc
+        prepared, sender, new, ticket = self._begin_once(method, url, options, called)
         try:
             return self._request(prepared.reference, prepared.key, sender, new)
         finally:
