@@ -22,7 +22,8 @@ body, so every retry carries them too):
   mid-answer (the client sees a protocol error, as when a response is lost);
 * ``before``: a list of answers given *before* the idempotency layer to the
   first requests with this key, e.g. ``[{"status": 503, "retry_after": "1"}]``
-  (a load balancer or rate limiter: nothing is executed or stored).
+  (a load balancer or rate limiter: nothing is executed or stored); an entry's
+  ``delay`` holds that answer back for as many seconds.
 """
 
 from __future__ import annotations
@@ -212,6 +213,7 @@ class IdempotentApp:
             extra = []
             if "retry_after" in b:
                 extra.append((b"retry-after", str(b["retry_after"]).encode()))
+            await asyncio.sleep(float(b.get("delay", 0)))
             await _answer(send, int(b["status"]), b'{"error":"try again"}', extra)
             return
         fingerprint = hashlib.sha256(

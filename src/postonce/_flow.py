@@ -595,18 +595,24 @@ def _due_to_wait(sender: Sender, record: IntentRecord, *, foreground: bool) -> f
 def _wait_until_due(
     sender: Sender,
     record: IntentRecord,
-    lease: Lease,
+    progress: _Progress,
     anchor_before: float | None,
     due_at: float,
     *,
     ends_at: float | None,
-) -> Generator[Effect, Any, None]:
-    """Sleep until ``due_at``, or hand the claim back when the caller cannot wait that long."""
+) -> Generator[Effect, Any, bool]:
+    """Sleep until ``due_at`` under a lease that lasts past it; False: another worker has it.
+
+    The claim is handed back instead when the caller cannot wait that long. The
+    lease is renewed to outlast the wait first: nothing renews a lease during a
+    sleep, and a lease that ran out meanwhile would let a drain send before the
+    due time the provider asked for (a ``Retry-After``).
+    """
     clock = sender.clock
     if ends_at is not None and due_at > ends_at:
         yield StoreCall(
             "release",
-            {"lease": lease, "now": clock(), "due_at": due_at, "anchor": anchor_before},
+            {"lease": progress.lease, "now": clock(), "due_at": due_at, "anchor": anchor_before},
         )
         raise IntentPending(
             "the intent is not due yet",
@@ -614,27 +620,82 @@ def _wait_until_due(
             key=record.key,
             due_at=due_at,
         )
+    if not (yield from _renewed(sender, record, progress, due_at)):
+        return False
     yield Sleep(due_at - clock())
+    return True
 
 
 def _renewed(
-    sender: Sender, record: IntentRecord, progress: _Progress
-) -> Generator[Effect, Any, None]:
-    """Renew the lease before a send (see :func:`_renewal_due`): a send never outlives it."""
-    clock, lease = sender.clock, progress.lease
+    sender: Sender, record: IntentRecord, progress: _Progress, after: float
+) -> Generator[Effect, Any, bool]:
+    """Renew the lease to ``lease_seconds`` past ``after``; False: another worker took it over.
+
+    Before a send (see :func:`_renewal_due`), so a send never outlives its lease;
+    and before a wait for a due time, so the lease outlasts the wait.
+    """
     renewed = yield StoreCall(
-        "renew", {"lease": lease, "now": clock(), "until": clock() + sender.lease_seconds}
+        "renew",
+        {"lease": progress.lease, "now": sender.clock(), "until": after + sender.lease_seconds},
     )
     if renewed is None:
-        raise IntentPending(
-            "another worker took over this intent", reference=record.reference, key=record.key
-        )
+        return False
     progress.lease = renewed
+    return True
 
 
 def _renewal_due(sender: Sender, lease: Lease) -> bool:
     """Whether less than half of the lease is left."""
     return lease.expires_at - sender.clock() < sender.lease_seconds / 2
+
+
+def _kept_by_provider(sender: Sender, tried: _Tried, step: Step) -> bool:
+    """Whether the provider answers any later send of the key as ``tried`` was answered.
+
+    A 2xx is what every profile's provider stores for the key; a provider that
+    stores and replays its 5xx answers (``server_errors="replayed"``: Stripe,
+    the IETF draft) stores every answer it executed; a key-reuse answer stands
+    for the other request the key was used with. Anything else (a decline under
+    Checkout, which keeps only successes) may be executed anew by the next send.
+    """
+    if tried.response is None:
+        return False
+    if step.kind is StepKind.MISMATCH:
+        return True
+    return step.kind is StepKind.FINISH and (
+        step.state is State.SUCCEEDED or sender.provider.server_errors == "replayed"
+    )
+
+
+def _taken_over(
+    sender: Sender,
+    record: IntentRecord,
+    kept: _Tried | None,
+    step: Step | None,
+    *,
+    foreground: bool,
+) -> Generator[Effect, Any, httpx.Response]:
+    """What a call whose lease another worker took over returns: only what is true.
+
+    This process stalled past its lease (a frozen VM, a long pause, SIGSTOP) and
+    its record was refused. The outbox's final answer, when it holds one, is the
+    answer; else ``kept``, this attempt's answer where the provider answers every
+    send of the key alike (see :func:`_kept_by_provider`); else IntentPending:
+    the worker that holds the intent finishes it, and ``wait()`` hears how.
+    """
+    stored = yield _store_call("get", {"reference": record.reference})
+    if stored is not None and stored.state in TERMINAL:
+        return from_outbox(stored, sender.lib)
+    if kept is not None and step is not None:
+        response = _conclude(sender, record, kept, step, foreground=foreground)
+        assert response is not None  # a final answer or a key reuse: returned or raised
+        return response
+    raise IntentPending(
+        "another worker took over this intent (this process stalled past its lease) and "
+        "finishes it with the same key; wait() for its answer",
+        reference=record.reference,
+        key=record.key,
+    )
 
 
 @quick_init
@@ -882,7 +943,6 @@ def _conclude(
     tried: _Tried,
     step: Step,
     *,
-    recorded: bool,
     foreground: bool,
 ) -> httpx.Response | None:
     """The answer to return, or the error that says where the intent stands; None: retry."""
@@ -895,10 +955,6 @@ def _conclude(
         replayed=tried.replayed,
         from_outbox=False,
     )
-    if not recorded and not (step.kind is StepKind.FINISH and response is not None):
-        raise IntentPending(
-            "another worker took over this intent", reference=record.reference, key=record.key
-        )
     if step.kind is StepKind.FINISH:
         assert response is not None
         if step.state is State.INDETERMINATE:
@@ -964,10 +1020,10 @@ def _send_claimed(
     if stop is not None:
         yield from _stopped(sender, record, progress.lease, stop)
     due_at = _due_to_wait(sender, record, foreground=foreground)
-    if due_at is not None:
-        yield from _wait_until_due(
-            sender, record, progress.lease, anchor_before, due_at, ends_at=ends_at
-        )
+    if due_at is not None and not (
+        yield from _wait_until_due(sender, record, progress, anchor_before, due_at, ends_at=ends_at)
+    ):
+        return (yield from _taken_over(sender, record, None, None, foreground=foreground))
     wire = _wire(
         url=parsed_url(sender.lib.URL, record.url),  # parsed once per process, not per send
         headers=wire_headers(record.headers, sender.secret_headers, record.key, sender.provider),
@@ -982,8 +1038,10 @@ def _send_claimed(
         stop = _gate(sender, record, anchor)
         if stop is not None:
             yield from _stopped(sender, record, progress.lease, stop)
-        if _renewal_due(sender, progress.lease):
-            yield from _renewed(sender, record, progress)
+        if _renewal_due(sender, progress.lease) and not (
+            yield from _renewed(sender, record, progress, sender.clock())
+        ):
+            return (yield from _taken_over(sender, record, None, None, foreground=foreground))
         tried = yield from _send_once(sender, record, progress, wire, number)
         # Waiting on an in-flight answer is not a retry: only the time budget bounds it.
         if tried.outcome is not Outcome.IN_PROGRESS:
@@ -992,7 +1050,10 @@ def _send_claimed(
         step = _next_step(sender, record, progress, tried, budget)
         _observe(sender, record, tried, step)
         recorded = yield _record(sender, record, progress, tried, step)
-        response = _conclude(sender, record, tried, step, recorded=recorded, foreground=foreground)
+        if not recorded:  # this process stalled past its lease and another worker took over
+            kept = tried if _kept_by_provider(sender, tried, step) else None
+            return (yield from _taken_over(sender, record, kept, step, foreground=foreground))
+        response = _conclude(sender, record, tried, step, foreground=foreground)
         if response is not None:
             return response
         lease = progress.lease
