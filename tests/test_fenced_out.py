@@ -78,7 +78,9 @@ def answered_then_refused(provider: str, status: int, outbox_holds: IntentRecord
     Returns what the call returned, or the exception it raised.
     """
     flow = run(sender(provider), new(provider))
-    assert next(flow).method == "open_intent"
+    effect = next(flow)
+    assert isinstance(effect, StoreCall)
+    assert effect.method == "open_intent"
     effect = flow.send(claimed(provider))
     assert isinstance(effect, Send)
     effect = flow.send(httpx.Response(status, json={"by": "this worker"}, request=effect.request))
