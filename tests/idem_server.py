@@ -20,6 +20,9 @@ body, so every retry carries them too):
 * ``status``: the status the execution answers with (402, 500, ...);
 * ``drop_first``: the first execution is stored, then its connection is cut
   mid-answer (the client sees a protocol error, as when a response is lost);
+* ``api_key``: the ``X-API-Key`` the request must carry (a merchant's own key,
+  passed per call by a platform); any other is answered 401 before the
+  idempotency layer, so nothing is executed or stored;
 * ``before``: a list of answers given *before* the idempotency layer to the
   first requests with this key, e.g. ``[{"status": 503, "retry_after": "1"}]``
   (a load balancer or rate limiter: nothing is executed or stored); an entry's
@@ -176,6 +179,7 @@ class IdempotentApp:
                 "method": scope["method"],
                 "path": scope["path"],
                 "worker": headers.get("x-worker"),
+                "api_key": headers.get("x-api-key"),
                 # Who sent it, and with which query: the sender-identity tests read these.
                 "authorization": headers.get("authorization"),
                 "query": scope["query_string"].decode(),
@@ -183,6 +187,11 @@ class IdempotentApp:
         )
         if not key:
             await _answer(send, 400, b'{"error":"missing idempotency key"}')
+            return
+        wanted = directives.get("api_key")
+        if wanted is not None and headers.get("x-api-key") != wanted:
+            # Authentication comes before the idempotency layer, as at every provider.
+            await _answer(send, 401, b'{"error":{"type":"authentication_error"}}')
             return
         # Every request with this key that is open at once, replays and 409s included.
         s.open_requests[key] = s.open_requests.get(key, 0) + 1

@@ -628,6 +628,31 @@ def test_key_reuse_needs_a_key_the_server_may_have_seen(
     assert (seen, first) == (Outcome.MISMATCH, fresh)
 
 
+@pytest.mark.parametrize("provider", sorted(BUILTIN_PROVIDERS))
+@pytest.mark.parametrize(
+    ("status", "headers"),
+    [
+        pytest.param(401, {}, id="401"),
+        pytest.param(403, {}, id="403"),
+        pytest.param(401, {"Stripe-Should-Retry": "false"}, id="401-hint-false"),
+    ],
+)
+def test_a_credentials_refusal_after_a_possible_delivery_is_never_the_outcome(
+    provider: str, status: int, headers: dict[str, str]
+) -> None:
+    """A 401/403 to a retry says nothing of the earlier send: retried, never final.
+
+    To the first send of a fresh key it is the answer (FINAL): nothing was
+    executed. After a send that may have been (a per-call key a drain lacked,
+    a key rotated meanwhile), the intent stays pending rather than "failed".
+    """
+    profile = BUILTIN_PROVIDERS[provider]
+    body = b'{"error":{"type":"authentication_error"}}'
+    seen = classify_response(status, httpx.Headers(headers), body, profile, key_seen=True)
+    first = classify_response(status, httpx.Headers(headers), body, profile, key_seen=False)
+    assert (seen, first) == (Outcome.RETRYABLE, Outcome.FINAL)
+
+
 #: The published table: each profile's reading of the answers the issue names, with the
 #: key already seen by the server (a retry). "500r": a 500 marked as a replay.
 MATRIX: dict[str, dict[str, Outcome]] = {}

@@ -113,6 +113,7 @@ class AsyncClient(BaseClient):
         on_settled: Callable[[Settlement], Any] | None = None,
         reconcile: Callable[[IntentRecord], Any] | None = None,
         reconcile_every: float = 3600.0,
+        credentials_for: Callable[[IntentRecord], Any] | None = None,
         http: httpx.AsyncClient | None = None,
         **httpx_options: Any,
     ) -> None:
@@ -133,6 +134,7 @@ class AsyncClient(BaseClient):
             on_settled=on_settled,
             reconcile=reconcile,
             reconcile_every=reconcile_every,
+            credentials_for=credentials_for,
         )
         self._http: httpx.AsyncClient
         self._http, self._owns_http = self._own_http(

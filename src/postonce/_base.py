@@ -35,7 +35,7 @@ from ._exceptions import (
     UnknownIntent,
     UnknownProvider,
 )
-from ._flow import Effect, Sender, StoreCall, from_outbox, send_claimed
+from ._flow import Callback, Effect, Sender, StoreCall, from_outbox, send_claimed
 from ._frozen import maker
 from ._heartbeat import Heartbeat
 from ._http import adapt_timeout, library_of
@@ -63,6 +63,7 @@ from ._wire import (
     Prepared,
     parsed_url,
     prepare,
+    supplied_secrets,
 )
 from .providers import BUILTIN_PROVIDERS, Provider, get_provider, provider_identity, same_provider
 
@@ -292,8 +293,11 @@ class BaseClient:
         on_settled: Callable[[Settlement], Any] | None = None,
         reconcile: Callable[[IntentRecord], Any] | None = None,
         reconcile_every: float = 3600.0,
+        credentials_for: Callable[[IntentRecord], Any] | None = None,
     ) -> None:
         self.provider = get_provider(provider)
+        #: Asked by drains for the secrets of an intent sent with credentials of its own call.
+        self.credentials_for = credentials_for
         #: Called once (at least) per intent this client's sender ends: see ``Settlement``.
         self.on_settled = on_settled
         #: Asked by drains about expired intents: a ``Resolution``, or None to leave it.
@@ -375,7 +379,12 @@ class BaseClient:
                         "plain function, or postonce.AsyncClient, which awaits them"
                     )
         if not self._awaits_hooks:
-            for role, fn in (("on_settled", on_settled), ("reconcile", reconcile)):
+            callbacks = (
+                ("on_settled", on_settled),
+                ("reconcile", reconcile),
+                ("credentials_for", credentials_for),
+            )
+            for role, fn in callbacks:
                 if fn is not None and _is_coroutine_function(fn):
                     raise ConfigurationError(
                         f"{role}= is a coroutine function: postonce.Client calls it without "
@@ -861,6 +870,9 @@ class BaseClient:
         assert opened.lease is not None
         try:
             provider = self._provider_for(record)
+            secret_headers, secret_params = (
+                (yield from self._credentials_flow(record)) if record.needs else ((), ())
+            )
         except PostonceError as exc:
             # Handed back due later, not as it was: a one-shot drain, which takes
             # only what was due when it began, would take it again for ever.
@@ -868,7 +880,7 @@ class BaseClient:
             raise unsendable(exc, record.reference, record.key) from exc
         try:
             response: httpx.Response = yield from send_claimed(
-                self._sender(provider),
+                self._sender(provider, secret_headers=secret_headers, secret_params=secret_params),
                 record,
                 opened.lease,
                 opened.anchor_before,
@@ -882,6 +894,28 @@ class BaseClient:
         if (yield from self._settle_after_call(record.reference)) and tally is not None:
             tally.add("settled")
         return response
+
+    def _credentials_flow(
+        self, record: IntentRecord
+    ) -> Generator[Effect, Any, tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]]]:
+        """The secrets of the call that stored ``record``, from ``credentials_for=``.
+
+        An intent sent with credentials of its own call (a platform's per-merchant
+        key) is never sent again without them: with none supplied, the drain
+        hands it back (``unsendable``) rather than let the provider answer 401.
+        """
+        if self.credentials_for is None:
+            raise ConfigurationError(
+                f"it was sent with credentials of its own call ({', '.join(record.needs)}); "
+                "give this client credentials_for= to supply them"
+            )
+        try:
+            supplied = yield Callback(self.credentials_for, record)
+        except Exception as exc:
+            raise ConfigurationError(
+                f"credentials_for= raised {type(exc).__name__}: {exc}"
+            ) from exc
+        return supplied_secrets(record.needs, supplied)
 
     def _release_flow(
         self, opened: Opened, wait: float | None = None

@@ -11,6 +11,7 @@ from ._intent import Outcome
 from .providers import Provider, StatusRule
 
 __all__ = [
+    "AUTH_REFUSED",
     "classify_exception",
     "classify_response",
     "error_codes",
@@ -27,6 +28,9 @@ _CODE_KEYS = frozenset(
     {"code", "type", "reason", "errorCode", "error_code", "errorType", "__type", "Code"}
 )
 _SCAN_LIMIT = 65536
+#: The statuses that refuse a request's credentials (RFC 9110 §15.5.2, §15.5.4):
+#: a provider checks them before its idempotency layer reads the key.
+AUTH_REFUSED = frozenset({401, 403})
 # One link-value of a Link header (RFC 8288): <target> then its parameters, up to the
 # next link-value; and a rel parameter, quoted or not, in those parameters.
 _LINK_VALUE = re.compile(r"<[^>]*>([^<]*)")
@@ -172,7 +176,11 @@ def classify_response(
     Order matters (the full table is in :class:`~postonce.providers.Provider`):
 
     1. A key-reuse answer (``mismatch``) is MISMATCH, never retried, whatever
-       the retry hint says.
+       the retry hint says. A refusal of the credentials (401, 403) when
+       ``key_seen`` is RETRYABLE: the request was refused before any
+       idempotency layer read it, so it tells nothing of an earlier attempt
+       that may have been executed (a per-call key a drain lacked, a key
+       rotated meanwhile); the intent stays pending, never "failed" by it.
     2. An in-flight answer waits on the same key (IN_PROGRESS), unless the
        profile's retry hint header says ``false``: the provider asks not to
        retry (stripe-python and stripe-node read Stripe-Should-Retry before
@@ -200,6 +208,10 @@ def classify_response(
     codes: frozenset[str] | str = error_codes(body) if _needs_body(provider) else ""
     if key_seen and _any(provider.mismatch, status, codes, headers):
         return Outcome.MISMATCH
+    if key_seen and status in AUTH_REFUSED:
+        # Refused at the door, before any idempotency layer: this send did nothing,
+        # and it says nothing of the earlier one, which may have been executed.
+        return Outcome.RETRYABLE
     hint = None
     if provider.retry_hint_header is not None:
         hint = _truthy(headers.get(provider.retry_hint_header))

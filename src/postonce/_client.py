@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Generator, Sequence
+from collections.abc import Callable, Collection, Generator, Mapping, Sequence
 from typing import Any, Literal
 
 import httpx
@@ -70,6 +70,14 @@ class Client(BaseClient):
     its own :class:`postonce.RetryBudget`, ``False`` turns it off, an
     instance can be shared. With it spent, retries are left to the drain.
 
+    ``credentials_for`` supplies the secrets of an intent whose call brought
+    its own (``headers={"X-API-Key": merchant_key}``, recorded by name in
+    ``IntentRecord.needs``, never by value): a drain calls it with the stored
+    intent and sends with the mapping it returns (each needed header name, a
+    query parameter as ``"?name"``). Without it, or when it returns None, such
+    an intent is handed back pending (``DrainReport.unsendable``), never sent
+    without its credentials.
+
     Pass httpx's own options (``timeout``, ``transport``, ``auth``,
     ``event_hooks``, ``verify``, ``proxy``, ...) as keywords, or a ready
     ``httpx.Client`` as ``http=`` (which you then close yourself).
@@ -96,6 +104,7 @@ class Client(BaseClient):
         on_settled: Callable[[Settlement], Any] | None = None,
         reconcile: Callable[[IntentRecord], Resolution | None] | None = None,
         reconcile_every: float = 3600.0,
+        credentials_for: Callable[[IntentRecord], Mapping[str, str] | None] | None = None,
         http: httpx.Client | None = None,
         **httpx_options: Any,
     ) -> None:
@@ -116,6 +125,7 @@ class Client(BaseClient):
             on_settled=on_settled,
             reconcile=reconcile,
             reconcile_every=reconcile_every,
+            credentials_for=credentials_for,
         )
         self._http: httpx.Client
         self._http, self._owns_http = self._own_http(

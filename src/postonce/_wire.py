@@ -23,7 +23,15 @@ from ._memo import ByIdentity
 from ._sender import DEFAULT_SECRET_PARAMS, call_account, origin_of
 from .providers import Provider
 
-__all__ = ["DEFAULT_SECRET_HEADERS", "UNSET", "Prepared", "parsed_url", "prepare", "wire_headers"]
+__all__ = [
+    "DEFAULT_SECRET_HEADERS",
+    "UNSET",
+    "Prepared",
+    "parsed_url",
+    "prepare",
+    "supplied_secrets",
+    "wire_headers",
+]
 
 #: Headers that never reach the outbox; ``Client(secret_headers=...)`` adds more. Besides
 #: HTTP's own credential headers, the API-key headers in common use: ``X-API-Key`` (AWS
@@ -469,8 +477,44 @@ def call_secrets(
 
 
 def needs_of(own: Sequence[tuple[str, str]]) -> tuple[str, ...]:
-    """What an intent needs from whoever sends it again: the names of the call's own secrets."""
-    return tuple(sorted({name.lower() for name, _ in own}))
+    """What an intent needs from whoever sends it again: the names of the call's own secrets.
+
+    Header names in lower case (they compare so); query parameters as ``?name``,
+    as written (their names are case-sensitive).
+    """
+    return tuple(sorted({name if name[0] == "?" else name.lower() for name, _ in own}))
+
+
+def supplied_secrets(
+    needs: Sequence[str], supplied: object
+) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]]:
+    """The secrets a ``credentials_for`` callback supplied for an intent that ``needs`` them.
+
+    Returns ``(headers, query parameters)`` to send with. ``supplied`` maps each
+    name in ``needs`` (a header name in any case; a query parameter as ``?name``)
+    to its value; other names are ignored. Raises ``ConfigurationError`` naming
+    what is missing: the intent is then not sent at all, never sent without them.
+    """
+    if supplied is None:
+        raise ConfigurationError(
+            f"it was sent with credentials of its own call ({', '.join(needs)}) and "
+            "credentials_for= supplied none"
+        )
+    if not isinstance(supplied, Mapping):
+        raise ConfigurationError(
+            f"credentials_for= must return a mapping of {', '.join(needs)} to their values "
+            f"(or None), not {type(supplied).__name__}"
+        )
+    given = {(name if name[:1] == "?" else name.lower()): value for name, value in supplied.items()}
+    missing = [name for name in needs if not isinstance(given.get(name), str)]
+    if missing:
+        raise ConfigurationError(
+            f"credentials_for= supplied no string value for {', '.join(missing)}, which its "
+            "own call sent"
+        )
+    headers = tuple((name, given[name]) for name in needs if name[0] != "?")
+    params = tuple((name[1:], given[name]) for name in needs if name[0] == "?")
+    return headers, params
 
 
 def wire_headers(
