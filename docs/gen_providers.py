@@ -505,7 +505,9 @@ def render(provider: Provider, policy: RetryPolicy | None = None) -> str:
         "## What each answer means, and what postonce does",
         "",
         "Read by postonce's classifier under this profile, in this order: key-reuse "
-        "answers; in-flight answers (unless the retry hint says `false`); the retry hint "
+        "answers; a 401 or 403 to a send after one that may have reached the provider "
+        "(retried: the credentials were refused, which says nothing of the earlier send); "
+        "in-flight answers (unless the retry hint says `false`); the retry hint "
         "saying `true`; answers documented as leaving the outcome unknown; the retry hint "
         "saying `false`; retried answers and statuses; the 5xx rule. Anything else is a "
         "final answer.",

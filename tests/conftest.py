@@ -433,6 +433,15 @@ def make_client(outbox: OutboxUnderTest, client_kind: str) -> Iterator[ClientFac
 
 
 @pytest.fixture
+def make_async_client(outbox: OutboxUnderTest) -> Iterator[ClientFactory]:
+    """Build AsyncClients only (driven from sync code), for tests of AsyncClient's own surface."""
+    made: list[Any] = []
+    yield _factory(outbox, "async", made)
+    for client in made:
+        client.close()
+
+
+@pytest.fixture
 def make_sync_client(outbox: OutboxUnderTest) -> Iterator[ClientFactory]:
     """Build sync clients only, for tests of Client's own surface."""
     made: list[Any] = []

@@ -161,3 +161,27 @@ def test_a_first_send_refused_for_its_credentials_is_the_answer(
     record = client.lookup("order-5/charge")
     assert record is not None
     assert record.state is State.FAILED
+
+
+def test_an_async_credentials_for_is_awaited(
+    make_async_client: ClientFactory, server: LoopbackServer
+) -> None:
+    """On AsyncClient, credentials_for may be a coroutine function: awaited, then used."""
+
+    async def credentials_for(record: IntentRecord) -> Mapping[str, str]:
+        return {"X-API-Key": MERCHANT_KEY}
+
+    platform = make_async_client(server.base_url, credentials_for=credentials_for)
+    key = charge_left_pending(platform, "order-6/charge")
+    assert platform.drain().succeeded == 1
+    assert sent_keys(server, key) == [MERCHANT_KEY, MERCHANT_KEY]
+
+
+def test_client_refuses_a_coroutine_credentials_for(make_sync_client: ClientFactory) -> None:
+    """Client calls credentials_for without awaiting: a coroutine function is refused at once."""
+
+    async def credentials_for(record: IntentRecord) -> Mapping[str, str]:
+        return {}
+
+    with pytest.raises(postonce.ConfigurationError, match="credentials_for= is a coroutine"):
+        make_sync_client(credentials_for=credentials_for)

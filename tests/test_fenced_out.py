@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -188,7 +189,7 @@ def test_a_lease_lost_before_a_wait_returns_the_stored_answer_or_pending(
 WORKER = """
 import sys, postonce
 from tests.http_library import default_transport
-outbox, base_url = sys.argv[1], sys.argv[2]
+outbox, base_url, path = sys.argv[1], sys.argv[2], sys.argv[3]
 options = dict(outbox=outbox, name="paused", provider="checkout", lease_seconds=1.0)
 transport = default_transport()
 if transport is not None:
@@ -196,7 +197,7 @@ if transport is not None:
 with postonce.Client(base_url, **options) as client:
     body = {"amount": 1, "_test": {"before": [{"status": 402, "delay": 1.0}]}}
     try:
-        response = client.post_once("/checkout/payments", json=body, intent="paused-1")
+        response = client.post_once(path, json=body, intent="paused-1")
         print("returned", response.status_code, flush=True)
     except postonce.IntentPending:
         print("pending", flush=True)
@@ -210,15 +211,16 @@ def test_a_sigstopped_sender_returns_the_answer_the_outbox_holds(
     must not return that 402 once the drain's re-send succeeded (failed before: ``returned 402``).
     """
     outbox = str(tmp_path / "outbox.db")
+    path = f"/checkout/payments/{uuid.uuid4().hex}"  # the server is shared: this test's own path
     worker = subprocess.Popen(
-        [sys.executable, "-c", WORKER, outbox, server.base_url],
+        [sys.executable, "-c", WORKER, outbox, server.base_url, path],
         stdout=subprocess.PIPE,
         text=True,
         cwd=Path(__file__).parent.parent,
     )
     try:
         deadline = time.monotonic() + 20
-        while not server.ledger()["requests"]:
+        while not any(r["path"] == path for r in server.ledger()["requests"]):
             assert time.monotonic() < deadline, "the worker never sent"
             time.sleep(0.02)
         os.kill(worker.pid, signal.SIGSTOP)  # frozen while the server takes 1 s to decline

@@ -912,9 +912,8 @@ class BaseClient:
         try:
             supplied = yield Callback(self.credentials_for, record)
         except Exception as exc:
-            raise ConfigurationError(
-                f"credentials_for= raised {type(exc).__name__}: {exc}"
-            ) from exc
+            # Its type only: the application's message may quote the very secret.
+            raise ConfigurationError(f"credentials_for= raised {type(exc).__name__}") from exc
         return supplied_secrets(record.needs, supplied)
 
     def _release_flow(

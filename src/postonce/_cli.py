@@ -397,8 +397,9 @@ def _say_why(code: int, report: DrainReport) -> None:
     elif code == EXIT_UNSENDABLE:
         click.echo(
             f"postonce drain: exit {code}: {report.unsendable} intent(s) of this client's sender "
-            "could not be sent by it (a provider profile it does not know) and were handed back, "
-            "due again in a minute. The log names each intent and why: give the drain (--app) "
+            "could not be sent by it (a provider profile it does not know, or credentials of "
+            "their own call it has no credentials_for= to supply) and were handed back, due "
+            "again in a minute. The log names each intent and why: give the drain (--app) "
             "the client the application wrote them with.",
             err=True,
         )

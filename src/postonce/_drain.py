@@ -85,11 +85,12 @@ BATCH_SECONDS = 0.25
 MOST_CLAIMED = 256
 
 #: Seconds an intent a drain cannot send (its profile unknown to the drain's
-#: client) waits, handed back pending, before any drain takes it again. Later
-#: than the drain's start, so a one-shot drain ends (it takes only what was due
-#: when it began); soon enough that a drain restarted with the right
-#: configuration sends it within the minute. A ``forever`` drain says so again
-#: each time it takes it, at most once a minute an intent.
+#: client, or the credentials of its own call not supplied) waits, handed back
+#: pending, before any drain takes it again. Later than the drain's start, so a
+#: one-shot drain ends (it takes only what was due when it began); soon enough
+#: that a drain restarted with the right configuration sends it within the
+#: minute. A ``forever`` drain says so again each time it takes it, at most once
+#: a minute an intent.
 UNSENDABLE_WAIT = 60.0
 
 #: Seconds the first due intent of another sender must have waited, claimed by
@@ -156,7 +157,7 @@ class DrainReport(BaseModel):
     pending: int = 0  # left pending with a later due time
     replayed: int = 0  # answers the server marked as replays
     errors: int = 0  # claims that ended in an unexpected error (logged)
-    unsendable: int = 0  # claims this client cannot send (a profile it does not know):
+    unsendable: int = 0  # claims this client cannot send (an unknown profile, missing credentials):
     # handed back pending, due UNSENDABLE_WAIT later (logged)
     settled: int = 0  # settlement handler calls that returned
     settle_failed: int = 0  # handler calls that raised, or whose result the outbox did not take
