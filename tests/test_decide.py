@@ -48,26 +48,26 @@ LEASE = Lease(0, "token", "me", NOW + 60)
     ("stored", "new", "conflict"),
     [
         pytest.param(STORED, NEW, None, id="same"),
-        pytest.param(STORED, replace(NEW, sender="other"), "belongs to sender 'svc'", id="sender"),
+        pytest.param(STORED, NEW._replace(sender="other"), "belongs to sender 'svc'", id="sender"),
         pytest.param(replace(STORED, sender=None), NEW, None, id="unowned-row"),
         pytest.param(
-            STORED, replace(NEW, origin="https://b.test:443"), "addressed to", id="origin"
+            STORED, NEW._replace(origin="https://b.test:443"), "addressed to", id="origin"
         ),
         pytest.param(
-            STORED, replace(NEW, provider="paypal_orders"), "provider 'stripe'", id="prov"
+            STORED, NEW._replace(provider="paypal_orders"), "provider 'stripe'", id="prov"
         ),
         pytest.param(
-            STORED, replace(NEW, provider="stripe#0123456789ab"), "provider", id="facts-changed"
+            STORED, NEW._replace(provider="stripe#0123456789ab"), "provider", id="facts-changed"
         ),
         pytest.param(
             replace(STORED, provider="ledger"),
-            replace(NEW, provider="ledger#0123456789ab"),
+            NEW._replace(provider="ledger#0123456789ab"),
             None,
             id="bare-custom-name-from-an-older-outbox",
         ),
-        pytest.param(STORED, replace(NEW, fingerprint="g"), "different request", id="body"),
-        pytest.param(STORED, replace(NEW, key="k-2", key_given=True), "different key", id="key"),
-        pytest.param(STORED, replace(NEW, key="k-2"), None, id="minted-key-is-not-compared"),
+        pytest.param(STORED, NEW._replace(fingerprint="g"), "different request", id="body"),
+        pytest.param(STORED, NEW._replace(key="k-2", key_given=True), "different key", id="key"),
+        pytest.param(STORED, NEW._replace(key="k-2"), None, id="minted-key-is-not-compared"),
     ],
 )
 def test_conflict_with(stored: IntentRecord, new: NewIntent, conflict: str | None) -> None:
@@ -169,7 +169,7 @@ ANSWERED = decide.recorded(
 _ANSWER = AttemptRecord(NOW, 0.25, Outcome.FINAL, 201, None, False)
 #: The writer-ahead's lease (decide.created); a claim's or a taker's is not fresh:
 #: its first send may come long after the write-ahead.
-FRESH = replace(LEASE, fresh=True)
+FRESH = LEASE._replace(fresh=True)
 
 
 @pytest.mark.parametrize(

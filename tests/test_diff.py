@@ -233,7 +233,7 @@ def test_conflict_with_a_success_gives_no_advice_to_start_over() -> None:
 
 def test_conflict_with_another_sender_gives_the_fix() -> None:
     """Another sender's intent: an outbox per application, or adopt() after a key rotation."""
-    found = decide.conflict_with(STORED, replace(NEW, sender="other-app"))
+    found = decide.conflict_with(STORED, NEW._replace(sender="other-app"))
     assert found is not None
     assert "belongs to sender 'svc', not to this client ('other-app')" in found
     assert "outbox= or the POSTONCE_OUTBOX variable" in found

@@ -25,11 +25,11 @@ EXAMPLES = {
 FRESH_KEY_PER_SEND = """
 import uuid
 import postonce._flow as flow
-real = flow._send  # what the flow builds each send with (Send's maker)
+real = flow.Send  # the effect the flow builds each send with (the shells keep the class)
 def send(request, lease=None):
     request.headers["Idempotency-Key"] = str(uuid.uuid4())
     return real(request, lease)
-flow._send = send
+flow.Send = send
 """
 IGNORES_THE_PROFILE = """
 import postonce._flow as flow

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +155,22 @@ def test_a_wait_for_a_due_time_renews_the_lease_past_it_first() -> None:
     effect = flow.send(None)
     assert isinstance(effect, Send)
     assert effect.lease == Lease(1, "t", "me", NOW + 10.0 + LEASE)
+
+
+def test_a_due_time_reached_during_the_renewal_is_not_slept_for() -> None:
+    """The renewal's commit took past the due time: no negative sleep, the send goes out."""
+    readings = iter([NOW, NOW, NOW, NOW + 11.0])  # the renewal's commit takes 11 s
+
+    def clock() -> float:
+        return next(readings, NOW + 11.0)
+
+    flow = run(replace(sender("stripe"), clock=clock), new("stripe"))
+    next(flow)
+    effect = flow.send(claimed("stripe", due_at=NOW + 10.0, attempts=1, first_delivery_at=NOW))
+    assert isinstance(effect, StoreCall)
+    assert effect.method == "renew"
+    effect = flow.send(Lease(1, "t", "me", NOW + 10.0 + LEASE))
+    assert isinstance(effect, Send)  # before: Sleep(-1.0), which time.sleep refuses
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import os
 import random
@@ -533,8 +532,7 @@ def test_a_claim_for_some_origins_takes_out_the_ended_intents_of_others(
     or a drain limited to origin A would walk origin B's leftovers on every claim."""
     store = SQLiteStore(outbox_path, durability="normal")
     for n in range(20):
-        to_b = dataclasses.replace(
-            new_intent(f"b-{n}", f"k-{n}", sender="s"),
+        to_b = new_intent(f"b-{n}", f"k-{n}", sender="s")._replace(
             url="http://b.test/c",
             origin="http://b.test:80",
         )
@@ -1224,7 +1222,7 @@ def test_census_reads_a_row_of_no_origin_alike_on_every_backend(outbox: str) -> 
     """
     store = open_store(outbox)
     try:
-        new = dataclasses.replace(new_intent(), sender="s", origin=None)
+        new = new_intent()._replace(sender="s", origin=None)
         opened = store.open_intent(new, owner="o", now=100.0, lease_for=1.0)
         assert opened.lease is not None
         store.release(opened.lease, now=100.0, due_at=100.0, anchor=None)

@@ -27,7 +27,7 @@ from ._exceptions import (
     UnknownIntent,
     UnknownProvider,
 )
-from ._intent import IntentInfo, IntentRecord, Outcome, State, StoredResponse
+from ._intent import AttemptRecord, IntentInfo, IntentRecord, Outcome, State, StoredResponse
 from ._observe import (
     AttemptDetail,
     EndDetail,
@@ -42,7 +42,6 @@ from ._observe import (
     info,
 )
 from ._outbox import SQLiteStore, Store, default_outbox_path
-from ._outbox.base import AttemptRecord
 from ._policy import RetryPolicy
 from ._settle import Resolution, Settlement
 from ._version import __version__

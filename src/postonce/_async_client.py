@@ -37,7 +37,7 @@ from ._drain import (
 )
 from ._exceptions import OutboxError, PostonceError
 from ._flow import Abandoned, Callback, Effect, Send, Sender, Sleep, StoreCall, run
-from ._intent import IntentRecord, State
+from ._intent import Census, IntentRecord, NewIntent, Opened, State
 from ._observe import (
     Hooks,
     Pending,
@@ -48,7 +48,6 @@ from ._observe import (
     sending,
     stop_collecting,
 )
-from ._outbox.base import Census, NewIntent, Opened
 from ._outbox.locate import OutboxSpec
 from ._outbox.sqlite import Durability
 from ._outbox.threaded import StoreThread, loop_notifier

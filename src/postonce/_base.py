@@ -36,13 +36,12 @@ from ._exceptions import (
     UnknownProvider,
 )
 from ._flow import Callback, Effect, Sender, StoreCall, from_outbox, send_claimed
-from ._frozen import maker
 from ._heartbeat import Heartbeat
 from ._http import adapt_timeout, library_of
-from ._intent import TERMINAL, IntentRecord, State
+from ._intent import TERMINAL, IntentRecord, NewIntent, Opened, State
 from ._lease import new_owner
 from ._observe import Hooks, coroutine_hooks
-from ._outbox.base import NewIntent, Opened, Store
+from ._outbox.base import Store
 from ._outbox.locate import OutboxSpec, check_spec, open_store
 from ._outbox.sqlite import Durability
 from ._policy import TESTING, RetryPolicy
@@ -254,9 +253,6 @@ def named(exc: PostonceError, reference: str, key: str) -> PostonceError:
     renamed.__cause__ = exc.__cause__ or exc
     return renamed
 
-
-#: Made for every call: built by its maker rather than the class call (see ``maker``).
-_new_intent = maker(NewIntent)
 
 #: Marks of the calls this context (thread or task) runs inside: a close() of a
 #: client with one of them still under way would wait for itself. A task started
@@ -750,7 +746,7 @@ class BaseClient:
         sender = self._sender(
             profile, retry, timeout, prepared.secret_headers, prepared.secret_params
         )
-        new = _new_intent(
+        new = NewIntent(
             reference=prepared.reference,
             key=prepared.key,
             key_given=prepared.key_given,

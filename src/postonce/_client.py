@@ -32,9 +32,9 @@ from ._drain import (
 )
 from ._exceptions import OutboxError, PostonceError
 from ._flow import Abandoned, Callback, Effect, Send, Sender, Sleep, StoreCall, run
-from ._intent import IntentRecord, State
+from ._intent import IntentRecord, NewIntent, Opened, State
 from ._observe import Hooks, SendDetail, sending
-from ._outbox.base import NewIntent, Opened, Store
+from ._outbox.base import Store
 from ._outbox.locate import OutboxSpec
 from ._outbox.sqlite import Durability
 from ._policy import RetryPolicy

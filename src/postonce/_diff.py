@@ -16,9 +16,13 @@ from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 from urllib.parse import parse_qsl, urlsplit
 
+from ._intent import IntentRecord, NewIntent, State
+from .providers import same_provider
+
 __all__ = [
     "MOST_NAMED",
     "Request",
+    "conflict_with",
     "differences",
     "done_advice",
     "json_paths",
@@ -235,3 +239,56 @@ DONE_ADVICE = (
 def done_advice(state: str, status: int | None) -> str:
     """How to go on past an intent that ended failed or cancelled (its name is used up)."""
     return DONE_ADVICE.format(state=state, status=f" (HTTP {status})" if status else "")
+
+
+def conflict_with(record: IntentRecord, new: NewIntent) -> str | None:
+    """Why the stored intent is not the request ``new`` describes, or None if it is.
+
+    Another sender's intent is never handed over, finished or not: its answer
+    belongs to that sender, and sending it would use this client's credentials.
+    """
+    if record.sender is not None and new.sender is not None and record.sender != new.sender:
+        return (
+            f"it belongs to sender {record.sender!r}, not to this client ({new.sender!r}). "
+            "If another application writes to this outbox (by default one SQLite file per OS "
+            "user), give each application an outbox of its own: outbox= or the "
+            "POSTONCE_OUTBOX variable (or put the application in its intent names; see 'Two "
+            "applications on one host' in the senders guide). If it is this application under "
+            "new credentials, take "
+            f"its intents over with client.adopt({record.sender!r}), and give the client a "
+            "fixed name= so that the next rotation keeps its identity"
+        )
+    if record.origin is not None and new.origin is not None and record.origin != new.origin:
+        return f"it is addressed to {record.origin}, not to {new.origin}"
+    if not same_provider(record.provider, new.provider):
+        # Its key travels where that provider looks, and its horizon is that
+        # provider's retention: under another, it may reach a server that never
+        # saw the key (a second effect), or be retried past what the first keeps.
+        return (
+            f"it is stored under provider {record.provider!r}, and this call uses "
+            f"{new.provider!r} (the key would travel or be kept differently)"
+        )
+    if record.fingerprint != new.fingerprint:
+        if record.purged_at is not None:
+            return (
+                f"it finished as {record.state.value} and was purged: only its tombstone is "
+                "left, and it was made for another request (the two cannot be compared now). "
+                + done_advice(record.state.value, None)
+            )
+        # Only here, on a conflict, are the two requests compared part by part.
+        why = request_conflict(
+            Request(record.method, record.url, record.headers, record.body, record.key),
+            Request(new.method, new.url, new.headers, new.body, new.key),
+        )
+        if record.state in (State.FAILED, State.CANCELLED):
+            status = record.response.status if record.response is not None else None
+            why += ". " + done_advice(record.state.value, status)
+        else:
+            why += (
+                ". If another application on this host uses the same intent names, give each "
+                "application an outbox of its own (outbox= or POSTONCE_OUTBOX)"
+            )
+        return why
+    if new.key_given and record.key != new.key:
+        return "it is stored with a different key"
+    return None

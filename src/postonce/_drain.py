@@ -39,8 +39,7 @@ from ._exceptions import (
     OutboxError,
     PostonceError,
 )
-from ._intent import IntentRecord, State
-from ._outbox.base import Census, Foreign, Opened
+from ._intent import Census, Foreign, IntentRecord, Opened, State
 
 __all__ = [
     "FOREIGN_MARK",

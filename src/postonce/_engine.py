@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
-from ._frozen import maker, quick_init
 from ._intent import Outcome, State
 from ._policy import RetryPolicy, backoff, horizon_at
 from .providers import Provider
@@ -35,9 +34,7 @@ class StepKind(str, enum.Enum):
     CANCEL = "cancel"  # never delivered and past the caller's deadline
 
 
-@quick_init
-@dataclass(frozen=True, slots=True)
-class Step:
+class Step(NamedTuple):
     kind: StepKind
     state: State
     wait: float = 0.0
@@ -45,17 +42,11 @@ class Step:
     reason: str = ""
 
 
-@quick_init
-@dataclass(frozen=True, slots=True)
-class Budget:
+class Budget(NamedTuple):
     """What is left of one foreground call."""
 
     attempts_left: int
     ends_at: float | None  # wall-clock time; None: attempts only
-
-
-#: Steps are made on every call: built by their maker, not the class call (see ``maker``).
-_step = maker(Step)
 
 
 def gate(
@@ -75,21 +66,21 @@ def gate(
     price of reconciling an intent that might still have been retried.
     """
     if anchor is not None and now < anchor - CLOCK_TOLERANCE:
-        return _step(
+        return Step(
             StepKind.EXPIRE,
             State.EXPIRED,
             reason="the clock went back past the first send; the time since it is unknown",
         )
     if anchor is not None and now >= horizon_at(anchor, provider, policy):
-        return _step(
+        return Step(
             StepKind.EXPIRE,
             State.EXPIRED,
             reason=f"past the retry horizon: {provider.name} may have forgotten the key",
         )
     if deadline_at is not None and now >= deadline_at:
         if anchor is None:
-            return _step(StepKind.CANCEL, State.CANCELLED, reason="past its deadline, never sent")
-        return _step(
+            return Step(StepKind.CANCEL, State.CANCELLED, reason="past its deadline, never sent")
+        return Step(
             StepKind.EXPIRE,
             State.EXPIRED,
             reason="past its deadline with delivery ambiguous",
@@ -119,17 +110,17 @@ def decide(
     if outcome is Outcome.FINAL:
         assert status is not None
         state = State.SUCCEEDED if 200 <= status < 300 else State.FAILED
-        return _step(StepKind.FINISH, state)
+        return Step(StepKind.FINISH, state)
     if outcome is Outcome.INDETERMINATE:
         # Stored, never retried, and never called failed: the effect may have happened.
-        return _step(
+        return Step(
             StepKind.FINISH,
             State.INDETERMINATE,
             reason=f"HTTP {status} from {provider.name} does not say whether the request took "
             "effect, and no retry can change it: reconcile it",
         )
     if outcome is Outcome.MISMATCH:
-        return _step(StepKind.MISMATCH, State.FAILED, reason="the key was used for another request")
+        return Step(StepKind.MISMATCH, State.FAILED, reason="the key was used for another request")
     wait = backoff(policy, outcome, attempt, headers, now)
     due_at = now + wait
     stop = gate(due_at, anchor=anchor, deadline_at=deadline_at, provider=provider, policy=policy)
@@ -140,14 +131,14 @@ def decide(
         or budget.attempts_left <= 0
         or (budget.ends_at is not None and due_at > budget.ends_at)
     ):
-        return _step(StepKind.DEFER, State.PENDING, wait=wait, due_at=due_at)
-    return _step(StepKind.RETRY, State.SENDING, wait=wait, due_at=due_at)
+        return Step(StepKind.DEFER, State.PENDING, wait=wait, due_at=due_at)
+    return Step(StepKind.RETRY, State.SENDING, wait=wait, due_at=due_at)
 
 
 def over_budget(step: Step) -> Step:
     """A retry the client's retry budget cannot pay for: left to the drain, due when it would go."""
     assert step.kind is StepKind.RETRY
-    return _step(
+    return Step(
         StepKind.DEFER,
         State.PENDING,
         wait=step.wait,

@@ -19,12 +19,13 @@ import logging
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 
 from ._budget import RetryBudget
 from ._classify import classify_exception, classify_response, is_replay
+from ._diff import conflict_with
 from ._engine import CLOCK_TOLERANCE, Budget, Step, StepKind, decide, gate, over_budget
 from ._exceptions import (
     IdempotencyKeyMismatch,
@@ -38,8 +39,19 @@ from ._exceptions import (
     IntentResolved,
     OutboxError,
 )
-from ._frozen import maker, quick_init
-from ._intent import TERMINAL, UNRESOLVED, IntentInfo, IntentRecord, Outcome, State
+from ._intent import (
+    TERMINAL,
+    UNRESOLVED,
+    AttemptRecord,
+    IntentInfo,
+    IntentRecord,
+    Lease,
+    NewIntent,
+    Opened,
+    Outcome,
+    State,
+    storable_response,
+)
 from ._observe import (
     AttemptDetail,
     EndDetail,
@@ -51,9 +63,6 @@ from ._observe import (
     StartDetail,
     emit,
 )
-from ._outbox.base import AttemptRecord, Lease, NewIntent, Opened
-from ._outbox.decide import conflict_with
-from ._outbox.rows import storable_response
 from ._policy import RetryPolicy
 from ._redirects import expect_answer
 from ._watch import Watch, watched
@@ -77,9 +86,7 @@ __all__ = [
 logger = logging.getLogger("postonce")
 
 
-@quick_init
-@dataclass(frozen=True, slots=True)
-class StoreCall:
+class StoreCall(NamedTuple):
     """Call ``store.<method>(**kwargs)``; resume with its result once it has committed.
 
     Every call is waited for, the record of a 2xx answer included: an answer
@@ -96,9 +103,7 @@ class StoreCall:
         return getattr(store, self.method)(**self.kwargs)
 
 
-@quick_init
-@dataclass(frozen=True, slots=True)
-class Send:
+class Send(NamedTuple):
     """Send ``request`` and read the whole answer; resume with the ``httpx.Response``.
 
     ``lease`` is held for the send: a shell's heartbeat renews it while the
@@ -109,13 +114,10 @@ class Send:
     lease: Lease | None = None
 
 
-@quick_init
-@dataclass(frozen=True, slots=True)
-class Sleep:
+class Sleep(NamedTuple):
     seconds: float
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class Sender:
     """How this process sends: the profile, the policy, its identity and its secrets."""
@@ -150,9 +152,7 @@ def settle_hold_for(sender: Sender, state: State) -> float | None:
     return sender.settle_hold
 
 
-@quick_init
-@dataclass(frozen=True, slots=True)
-class Callback:
+class Callback(NamedTuple):
     """Call the application's ``fn(arg)`` (awaited if it is a coroutine); resume with the result.
 
     A settlement handler or a reconciler: it raises into the flow like any effect.
@@ -304,7 +304,7 @@ def _write_ahead(
     unconfirmed: OutboxError | None = None
     while True:
         try:
-            opened: Opened = yield _store_call(
+            opened: Opened = yield StoreCall(
                 "open_intent",
                 {
                     "new": new,
@@ -622,7 +622,9 @@ def _wait_until_due(
         )
     if not (yield from _renewed(sender, record, progress, due_at)):
         return False
-    yield Sleep(due_at - clock())
+    left = due_at - clock()  # the renewal took time: it may be due already
+    if left > 0:
+        yield Sleep(left)
     return True
 
 
@@ -683,7 +685,7 @@ def _taken_over(
     send of the key alike (see :func:`_kept_by_provider`); else IntentPending:
     the worker that holds the intent finishes it, and ``wait()`` hears how.
     """
-    stored = yield _store_call("get", {"reference": record.reference})
+    stored = yield StoreCall("get", {"reference": record.reference})
     if stored is not None and stored.state in TERMINAL:
         return from_outbox(stored, sender.lib)
     if kept is not None and step is not None:
@@ -698,18 +700,14 @@ def _taken_over(
     )
 
 
-@quick_init
-@dataclass(frozen=True, slots=True)
-class _Wire:
+class _Wire(NamedTuple):
     """What every attempt of one claim sends: computed once per claim, not per send."""
 
     url: Any  # the library's URL
     headers: list[tuple[str, str]]
 
 
-@quick_init
-@dataclass(frozen=True, slots=True)
-class _Tried:
+class _Tried(NamedTuple):
     """One attempt, sent and classified."""
 
     number: int
@@ -725,17 +723,6 @@ class _Tried:
     @property
     def status(self) -> int | None:
         return self.response.status_code if self.response is not None else None
-
-
-#: The records every call makes, built by their makers rather than the class call
-#: (the same records, in half the CPU: see ``maker``).
-_store_call = maker(StoreCall)
-_send = maker(Send)
-_wire = maker(_Wire)
-_tried = maker(_Tried)
-_budget = maker(Budget)
-_attempt = maker(AttemptRecord)
-_info = maker(IntentInfo)
 
 
 def _send_once(
@@ -755,7 +742,7 @@ def _send_once(
     progress.in_send = True
     progress.watch = watch
     try:
-        response = yield _send(request, progress.lease)
+        response = yield Send(request, progress.lease)
     except sender.lib.TransportError as exc:
         outcome = classify_exception(exc, body_unread=watch.unread)
         return _tried_now(sender, progress, number, outcome, None, type(exc).__name__, exc)
@@ -804,7 +791,7 @@ def _tried_now(
     duration = clock() - sent_at
     progress.delivered_maybe = progress.delivered_maybe or outcome is not Outcome.NOT_SENT
     replayed = response is not None and is_replay(response.headers, sender.provider)
-    return _tried(number, sent_at, duration, clock(), outcome, response, error, cause, replayed)
+    return _Tried(number, sent_at, duration, clock(), outcome, response, error, cause, replayed)
 
 
 def _keep_answer(
@@ -908,11 +895,11 @@ def _record(
     # not repair a lost one: a 2xx, a retry or a deferral can be asked again.
     durable = not (retrying or step.kind is StepKind.DEFER or step.state is State.SUCCEEDED)
     anchor = record.first_delivery_at if progress.delivered_maybe else None
-    return _store_call(
+    return StoreCall(
         "record",
         {
             "lease": progress.lease,
-            "attempt": _attempt(
+            "attempt": AttemptRecord(
                 tried.sent_at,
                 tried.duration,
                 tried.outcome,
@@ -947,7 +934,7 @@ def _conclude(
 ) -> httpx.Response | None:
     """The answer to return, or the error that says where the intent stands; None: retry."""
     response = tried.response
-    info = _info(
+    info = IntentInfo(
         reference=record.reference,
         key=record.key,
         state=step.state,
@@ -1024,7 +1011,7 @@ def _send_claimed(
         yield from _wait_until_due(sender, record, progress, anchor_before, due_at, ends_at=ends_at)
     ):
         return (yield from _taken_over(sender, record, None, None, foreground=foreground))
-    wire = _wire(
+    wire = _Wire(
         url=parsed_url(sender.lib.URL, record.url),  # parsed once per process, not per send
         headers=wire_headers(record.headers, sender.secret_headers, record.key, sender.provider),
     )
@@ -1046,7 +1033,7 @@ def _send_claimed(
         # Waiting on an in-flight answer is not a retry: only the time budget bounds it.
         if tried.outcome is not Outcome.IN_PROGRESS:
             attempts_left -= 1
-        budget = _budget(attempts_left=attempts_left, ends_at=ends_at) if foreground else None
+        budget = Budget(attempts_left=attempts_left, ends_at=ends_at) if foreground else None
         step = _next_step(sender, record, progress, tried, budget)
         _observe(sender, record, tried, step)
         recorded = yield _record(sender, record, progress, tried, step)

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ._outbox.base import Lease
+from ._intent import Lease
 
 __all__ = ["Heartbeat"]
 

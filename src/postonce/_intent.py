@@ -6,22 +6,31 @@ Pure data. The outbox stores these values; the engine decides between them.
 from __future__ import annotations
 
 import enum
+import hashlib
 from dataclasses import dataclass
-from typing import Any
-
-from ._frozen import quick_init
+from typing import Any, NamedTuple
 
 __all__ = [
+    "FOREIGN_SHOWN",
+    "STORED_BODY_LIMIT",
     "TERMINAL",
     "UNRESOLVED",
+    "AttemptRecord",
+    "Census",
+    "Foreign",
     "IllegalMove",
     "IntentInfo",
     "IntentRecord",
+    "Lease",
+    "NewIntent",
+    "Opened",
     "Outcome",
+    "Purged",
     "State",
     "StoredResponse",
     "move",
     "operator_move",
+    "storable_response",
 ]
 
 
@@ -125,7 +134,6 @@ def operator_move(record: IntentRecord, to: State, now: float) -> State:
     raise IllegalMove(f"an operator cannot move an intent to {to.value}")
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class StoredResponse:
     """A final answer as the outbox keeps it."""
@@ -137,7 +145,6 @@ class StoredResponse:
     sha256: str = ""  # of the whole body as received, truncated or not
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class IntentRecord:
     """One row of the outbox, as the shells read it back."""
@@ -180,7 +187,6 @@ class IntentRecord:
         return self.first_delivery_at is not None
 
 
-@quick_init
 @dataclass(frozen=True, slots=True)
 class IntentInfo:
     """What ``response.extensions["postonce"]`` says about the intent behind a response."""
@@ -192,3 +198,137 @@ class IntentInfo:
     replayed: bool  # the server marked this answer as a replay of an earlier one
     from_outbox: bool  # the answer was read from the outbox; nothing was sent now
     truncated: bool = False  # from the outbox, and longer than the outbox keeps
+
+
+#: Response bodies longer than this are stored as their first bytes plus the
+#: SHA-256 of the whole body, and flagged as truncated.
+STORED_BODY_LIMIT = 1 << 20
+# Headers that describe the stored bytes' transport, not the answer itself.
+_DROP_RESPONSE_HEADERS = frozenset(
+    {"content-encoding", "content-length", "transfer-encoding", "set-cookie", "connection"}
+)
+
+
+def storable_response(status: int, headers: list[tuple[str, str]], body: bytes) -> StoredResponse:
+    """A response as the outbox keeps it: transport headers dropped, body capped."""
+    kept = tuple((n, v) for n, v in headers if n.lower() not in _DROP_RESPONSE_HEADERS)
+    truncated = len(body) > STORED_BODY_LIMIT
+    return StoredResponse(
+        status=status,
+        headers=kept,
+        body=body[:STORED_BODY_LIMIT] if truncated else body,
+        truncated=truncated,
+        sha256=hashlib.sha256(body).hexdigest(),
+    )
+
+
+class NewIntent(NamedTuple):
+    """An intent as a caller asks for it, before it is stored."""
+
+    reference: str
+    key: str
+    key_given: bool  # the caller chose the key; another stored key is a conflict
+    provider: str
+    method: str
+    url: str
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+    fingerprint: str
+    deadline_at: float | None
+    #: Who may send it: the sending client's identity (None: unowned, adopted by
+    #: the first client whose origins include ``origin``).
+    sender: str | None = None
+    #: ``scheme://host:port`` the request is addressed to.
+    origin: str | None = None
+    #: The caller's JSON data, as text (``meta=``): stored, never sent or fingerprinted.
+    meta: str | None = None
+    #: The names of the call's own secrets its sends need (``IntentRecord.needs``).
+    needs: tuple[str, ...] = ()
+
+
+class Lease(NamedTuple):
+    """The right to send one intent, until ``expires_at``, proven by ``token``."""
+
+    intent_id: int
+    token: str
+    owner: str
+    expires_at: float
+    #: Taken by the write-ahead that created the intent: its first send follows
+    #: at once, from this process (``decide.carried``).
+    fresh: bool = False
+
+
+class Opened(NamedTuple):
+    """What ``open_intent`` found, and the lease it took if it took one."""
+
+    record: IntentRecord
+    lease: Lease | None
+    created: bool
+    conflict: str | None  # why the stored intent is not this request; nothing claimed
+    anchor_before: float | None  # the horizon anchor before this claim set it
+
+
+@dataclass(frozen=True, slots=True)
+class Foreign:
+    """Due intents a drain may not send, of one sender and origin: whose client sends them."""
+
+    sender: str | None  # None: unowned, written by a release from before sender identities
+    origin: str | None
+    due: int
+    #: When the first of them fell due (a pending row's due time, a sending row's
+    #: lease expiry): none of them has been claimed since. None: the store does not say.
+    waiting_since: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Census:
+    """What a drain could not finish, and why: nothing unfinished is invisible."""
+
+    not_ours: int  # due, but another sender's or to another origin
+    in_flight_elsewhere: int  # this sender's, leased by another owner (live, or not yet known dead)
+    next_lease_expiry: float | None  # the earliest of those leases' expiries
+    #: Whose the ``not_ours`` intents are, most first (at most FOREIGN_SHOWN groups).
+    #: Empty from a store that does not say (its ``not_ours`` still counts them).
+    foreign: tuple[Foreign, ...] = ()
+    #: This sender's settlements still owed after their handler raised.
+    settle_failing: int = 0
+    #: Due intents of no sender addressed to this client's origins (written by an
+    #: older release after the migration): the drain's next pass adopts them.
+    unowned: int = 0
+    #: The ``now`` the census counted at (what ``waiting_since`` is measured against).
+    at: float | None = None
+
+
+#: The most sender-and-origin groups a census names; ``not_ours`` counts them all.
+FOREIGN_SHOWN = 10
+
+
+class Purged(int):
+    """What ``purge`` returns: how many intents it purged (or tombstones it deleted).
+
+    An ``int``, so a caller that counts keeps working; ``kept_owed`` is how
+    many of that age it kept because their settlement is still owed (a store
+    that returns a plain ``int`` does not say).
+    """
+
+    kept_owed: int
+
+    def __new__(cls, purged: int, kept_owed: int = 0) -> Purged:
+        made = super().__new__(cls, purged)
+        made.kept_owed = kept_owed
+        return made
+
+    def __repr__(self) -> str:
+        return f"Purged({int(self)}, kept_owed={self.kept_owed})"
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRecord:
+    """One send, as the attempts table keeps it."""
+
+    started_at: float
+    duration: float
+    outcome: Outcome
+    status: int | None
+    error_type: str | None
+    replayed: bool

@@ -11,13 +11,11 @@ from __future__ import annotations
 import functools
 import json as jsonlib
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 
 from ._exceptions import ConfigurationError, InvalidKey, InvalidRequest
-from ._frozen import maker, quick_init
 from ._keys import canonical_form, check_form, check_key, fingerprint, mint_key, unstorable
 from ._memo import ByIdentity
 from ._sender import DEFAULT_SECRET_PARAMS, call_account, origin_of
@@ -69,9 +67,7 @@ COMPACT_JSON = jsonlib.JSONEncoder(ensure_ascii=False, separators=(",", ":"), al
 HeaderInput = Mapping[str, str] | Sequence[tuple[str, str]] | httpx.Headers | None
 
 
-@quick_init
-@dataclass(frozen=True, slots=True)
-class Prepared:
+class Prepared(NamedTuple):
     """A request ready to become an intent."""
 
     reference: str
@@ -88,10 +84,6 @@ class Prepared:
     #: The names of the secrets this call brought that its client does not send
     #: (headers in lower case, query parameters as ``?name``): stored, never the values.
     needs: tuple[str, ...] = ()
-
-
-#: Made for every call: built by its maker rather than the class call (see ``maker``).
-_prepared = maker(Prepared)
 
 
 def _encode_body(
@@ -333,7 +325,7 @@ def prepare(
         reference=reference,
         scope=scope,
     )
-    return _prepared(
+    return Prepared(
         reference=reference,
         key=key,
         key_given=key_given,

@@ -18,8 +18,7 @@ from collections.abc import Callable, Collection, Iterable
 from json.encoder import encode_basestring_ascii as _json_string
 from typing import Any
 
-from .._diff import Request, done_advice, request_conflict
-from .._frozen import maker, replacer
+from .._diff import conflict_with
 from .._intent import (
     TERMINAL,
     UNRESOLVED,
@@ -30,7 +29,6 @@ from .._intent import (
     operator_move,
 )
 from .._sender import origin_of
-from ..providers import same_provider
 from .base import (
     FOREIGN_SHOWN,
     AttemptRecord,
@@ -39,8 +37,6 @@ from .base import (
     Lease,
     NewIntent,
     Opened,
-    new_intent_record,
-    new_lease,
 )
 
 __all__ = [
@@ -114,14 +110,6 @@ def headers_json(headers: tuple[tuple[str, str], ...]) -> str:
     return pairs_json(headers)
 
 
-#: What every intent opened is handed, built by its maker rather than the class call
-#: (the same record, in half the CPU: see ``maker``; the record's is ``new_intent_record``).
-_opened = maker(Opened)
-#: A drain's claim copies each intent it takes, and its lease (see ``replacer``).
-_copy_record = replacer(IntentRecord)
-_copy_lease = replacer(Lease)
-
-
 def insert_row(new: NewIntent, lease: Lease, now: float) -> Changes:
     """The columns of a new intent: stored, and leased to its first sender, in one write."""
     row: Changes = {
@@ -154,7 +142,7 @@ def insert_row(new: NewIntent, lease: Lease, now: float) -> Changes:
 
 def created(new: NewIntent, intent_id: int, lease: Lease, now: float) -> Opened:
     """What ``open_intent`` hands back for the row :func:`insert_row` wrote."""
-    record = new_intent_record(
+    record = IntentRecord(
         id=intent_id,
         reference=new.reference,
         key=new.key,
@@ -180,66 +168,13 @@ def created(new: NewIntent, intent_id: int, lease: Lease, now: float) -> Opened:
         meta=json.loads(new.meta) if new.meta else None,
         needs=new.needs,
     )
-    return _opened(
+    return Opened(
         record,
-        new_lease(intent_id, lease.token, lease.owner, lease.expires_at, fresh=True),
+        Lease(intent_id, lease.token, lease.owner, lease.expires_at, fresh=True),
         created=True,
         conflict=None,
         anchor_before=None,
     )
-
-
-def conflict_with(record: IntentRecord, new: NewIntent) -> str | None:
-    """Why the stored intent is not the request ``new`` describes, or None if it is.
-
-    Another sender's intent is never handed over, finished or not: its answer
-    belongs to that sender, and sending it would use this client's credentials.
-    """
-    if record.sender is not None and new.sender is not None and record.sender != new.sender:
-        return (
-            f"it belongs to sender {record.sender!r}, not to this client ({new.sender!r}). "
-            "If another application writes to this outbox (by default one SQLite file per OS "
-            "user), give each application an outbox of its own: outbox= or the "
-            "POSTONCE_OUTBOX variable (or put the application in its intent names; see 'Two "
-            "applications on one host' in the senders guide). If it is this application under "
-            "new credentials, take "
-            f"its intents over with client.adopt({record.sender!r}), and give the client a "
-            "fixed name= so that the next rotation keeps its identity"
-        )
-    if record.origin is not None and new.origin is not None and record.origin != new.origin:
-        return f"it is addressed to {record.origin}, not to {new.origin}"
-    if not same_provider(record.provider, new.provider):
-        # Its key travels where that provider looks, and its horizon is that
-        # provider's retention: under another, it may reach a server that never
-        # saw the key (a second effect), or be retried past what the first keeps.
-        return (
-            f"it is stored under provider {record.provider!r}, and this call uses "
-            f"{new.provider!r} (the key would travel or be kept differently)"
-        )
-    if record.fingerprint != new.fingerprint:
-        if record.purged_at is not None:
-            return (
-                f"it finished as {record.state.value} and was purged: only its tombstone is "
-                "left, and it was made for another request (the two cannot be compared now). "
-                + done_advice(record.state.value, None)
-            )
-        # Only here, on a conflict, are the two requests compared part by part.
-        why = request_conflict(
-            Request(record.method, record.url, record.headers, record.body, record.key),
-            Request(new.method, new.url, new.headers, new.body, new.key),
-        )
-        if record.state in (State.FAILED, State.CANCELLED):
-            status = record.response.status if record.response is not None else None
-            why += ". " + done_advice(record.state.value, status)
-        else:
-            why += (
-                ". If another application on this host uses the same intent names, give each "
-                "application an outbox of its own (outbox= or POSTONCE_OUTBOX)"
-            )
-        return why
-    if new.key_given and record.key != new.key:
-        return "it is stored with a different key"
-    return None
 
 
 def taken(record: IntentRecord, lease: Lease, now: float, anchor: float) -> tuple[Opened, Changes]:
@@ -256,15 +191,15 @@ def taken(record: IntentRecord, lease: Lease, now: float, anchor: float) -> tupl
         "first_delivery_at": anchor,
         "updated_at": now,
     }
-    opened = _opened(
-        _copy_record(
+    opened = Opened(
+        dataclasses.replace(
             record,
             state=State.SENDING,
             first_delivery_at=anchor,
             lease_owner=lease.owner,
             lease_expires_at=lease.expires_at,
         ),
-        _copy_lease(lease, intent_id=record.id),
+        lease._replace(intent_id=record.id),
         created=False,
         conflict=None,
         anchor_before=record.first_delivery_at,
@@ -305,9 +240,8 @@ def reopened(
     opened, changes = taken(record, lease, now, anchor)
     if record.sender is None and new.sender is not None:  # an unowned row: this sender adopts it
         changes.update(sender=new.sender, origin=new.origin)
-        opened = dataclasses.replace(
-            opened,
-            record=dataclasses.replace(opened.record, sender=new.sender, origin=new.origin),
+        opened = opened._replace(
+            record=dataclasses.replace(opened.record, sender=new.sender, origin=new.origin)
         )
     return opened, changes
 

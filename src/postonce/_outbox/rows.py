@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from .._exceptions import OutboxError
-from .._frozen import maker
-from .._intent import TERMINAL, IntentRecord, Outcome, State, StoredResponse
-from .base import AttemptRecord, new_intent_record
+from .._intent import (
+    STORED_BODY_LIMIT,
+    TERMINAL,
+    AttemptRecord,
+    IntentRecord,
+    Outcome,
+    State,
+    StoredResponse,
+    storable_response,
+)
 
 if TYPE_CHECKING:
     from .base import Store
@@ -27,9 +33,6 @@ __all__ = [
     "storable_response",
 ]
 
-#: Response bodies longer than this are stored as their first bytes plus the
-#: SHA-256 of the whole body, and flagged as truncated.
-STORED_BODY_LIMIT = 1 << 20
 
 #: The intent columns a record is decoded from, in :func:`decode_row`'s order.
 COLUMN_NAMES = (
@@ -73,10 +76,6 @@ COLUMNS = ", ".join(COLUMN_NAMES)
 # A value not in them goes through the class, which raises ValueError as before.
 _STATE_OF: dict[str, State] = {state.value: state for state in State}
 _OUTCOME_OF: dict[str, Outcome] = {outcome.value: outcome for outcome in Outcome}
-# Headers that describe the stored bytes' transport, not the answer itself.
-_DROP_RESPONSE_HEADERS = frozenset(
-    {"content-encoding", "content-length", "transfer-encoding", "set-cookie", "connection"}
-)
 
 
 def _pairs(text: str | None) -> tuple[tuple[str, str], ...]:
@@ -145,14 +144,14 @@ def decode_row(row: tuple[Any, ...]) -> IntentRecord:
         lease_expires_at = None
     response = None
     if r_status is not None:
-        response = _stored_response(
+        response = StoredResponse(
             status=int(r_status),
             headers=_pairs(r_headers),
             body=bytes(r_body or b""),
             truncated=bool(r_truncated),
             sha256=str(r_sha256 or ""),
         )
-    return new_intent_record(
+    return IntentRecord(
         id=int(id_),
         reference=str(reference),
         key=str(key),
@@ -184,23 +183,6 @@ def decode_row(row: tuple[Any, ...]) -> IntentRecord:
         settle_error=settle_error,
         settled_at=_time(settled_at),
         needs=tuple(json.loads(needs)) if needs else (),
-    )
-
-
-#: Made for every answer kept: built by its maker rather than the class call (see ``maker``).
-_stored_response = maker(StoredResponse)
-
-
-def storable_response(status: int, headers: list[tuple[str, str]], body: bytes) -> StoredResponse:
-    """A response as the outbox keeps it: transport headers dropped, body capped."""
-    kept = tuple((n, v) for n, v in headers if n.lower() not in _DROP_RESPONSE_HEADERS)
-    truncated = len(body) > STORED_BODY_LIMIT
-    return _stored_response(
-        status=status,
-        headers=kept,
-        body=body[:STORED_BODY_LIMIT] if truncated else body,
-        truncated=truncated,
-        sha256=hashlib.sha256(body).hexdigest(),
     )
 
 

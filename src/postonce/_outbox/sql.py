@@ -23,7 +23,7 @@ from .._exceptions import IntentConflict
 from .._intent import IntentRecord, State
 from .._lease import alive as lease_owner_alive
 from . import decide
-from .base import AttemptRecord, Census, Foreign, Lease, NewIntent, Opened, Purged, new_lease
+from .base import AttemptRecord, Census, Foreign, Lease, NewIntent, Opened, Purged
 from .rows import COLUMNS, decode_attempt, decode_row
 from .store import Mine, StoreBase, Take
 
@@ -261,7 +261,7 @@ class SQLStore(StoreBase):
         lease_for: float,
         alive: Callable[[str], bool] = lease_owner_alive,
     ) -> Opened:
-        lease = new_lease(0, self._token(), owner, now + lease_for)
+        lease = Lease(0, self._token(), owner, now + lease_for)
         row = decide.insert_row(new, lease, now)
         tried = False
         try:
