@@ -4,6 +4,8 @@ One idempotency key per intent, written ahead to a durable outbox, carried by
 every retry, and never re-sent after the provider may have forgotten it.
 """
 
+import typing as _typing
+
 from ._async_client import AsyncClient
 from ._base import ONE_OFF, OnceOptions
 from ._budget import RetryBudget
@@ -46,6 +48,9 @@ from ._policy import RetryPolicy
 from ._settle import Resolution, Settlement
 from ._version import __version__
 from .providers import BUILTIN_PROVIDERS, Provider, StatusRule, get_provider
+
+if _typing.TYPE_CHECKING:
+    from ._outbox.postgres import PostgresStore as PostgresStore
 
 __all__ = [
     "BUILTIN_PROVIDERS",
@@ -99,3 +104,19 @@ __all__ = [
     "get_provider",
     "info",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """``postonce.PostgresStore``, imported on first use: psycopg is the ``postgres`` extra.
+
+    Left out of ``__all__``, so ``from postonce import *`` works without it.
+    """
+    if name == "PostgresStore":
+        try:
+            from ._outbox.postgres import PostgresStore
+        except ImportError as exc:
+            raise ImportError(
+                "postonce.PostgresStore needs psycopg 3: pip install 'postonce[postgres]'"
+            ) from exc
+        return PostgresStore
+    raise AttributeError(f"module 'postonce' has no attribute {name!r}")
