@@ -19,7 +19,7 @@ import anyio
 import httpx
 from typing_extensions import Unpack
 
-from ._base import BaseClient, OnceOptions, _is_coroutine_function, named, with_options
+from ._base import BaseClient, OnceOptions, named, with_options
 from ._budget import RetryBudget
 from ._drain import (
     JUST_BEFORE,
@@ -45,6 +45,7 @@ from ._observe import (
     await_hooks,
     collect_awaitables,
     drop_hooks,
+    is_coroutine_function,
     sending,
     stop_collecting,
 )
@@ -53,6 +54,7 @@ from ._outbox.sqlite import Durability
 from ._outbox.threaded import StoreThread, loop_notifier
 from ._policy import RetryPolicy
 from ._redirects import next_hop
+from ._settings import settings as checked_settings
 from ._settle import Settlement
 from ._wire import HeaderInput
 from .providers import Provider
@@ -117,23 +119,26 @@ class AsyncClient(BaseClient):
         **httpx_options: Any,
     ) -> None:
         super().__init__(
-            provider=provider,
-            outbox=outbox,
-            retry=retry,
-            durability=durability,
-            secret_headers=secret_headers,
-            lease_seconds=lease_seconds,
-            heartbeat=heartbeat,
-            clock=clock,
-            hooks=hooks,
-            retry_budget=retry_budget,
-            name=name,
-            origins=origins,
-            secret_params=secret_params,
-            on_settled=on_settled,
-            reconcile=reconcile,
-            reconcile_every=reconcile_every,
-            credentials_for=credentials_for,
+            outbox,
+            checked_settings(
+                awaits=True,
+                provider=provider,
+                retry=retry,
+                durability=durability,
+                secret_headers=secret_headers,
+                lease_seconds=lease_seconds,
+                heartbeat=heartbeat,
+                clock=clock,
+                hooks=hooks,
+                retry_budget=retry_budget,
+                name=name,
+                origins=origins,
+                secret_params=secret_params,
+                on_settled=on_settled,
+                reconcile=reconcile,
+                reconcile_every=reconcile_every,
+                credentials_for=credentials_for,
+            ),
         )
         self._http: httpx.AsyncClient
         self._http, self._owns_http = self._own_http(
@@ -561,7 +566,7 @@ async def _call_back(effect: Callback) -> Any:
     lookup): on a worker thread, the loop runs on. The context is copied, so a
     close() inside it is still caught.
     """
-    if _is_coroutine_function(effect.fn):
+    if is_coroutine_function(effect.fn):
         value = effect.fn(effect.arg)
     else:
         value = await anyio.to_thread.run_sync(effect.fn, effect.arg)

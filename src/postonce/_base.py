@@ -14,11 +14,11 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Collection, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from types import ModuleType
-from typing import Any, Literal, TypedDict, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 import httpx
 
@@ -40,23 +40,20 @@ from ._heartbeat import Heartbeat
 from ._http import adapt_timeout, library_of
 from ._intent import TERMINAL, IntentRecord, NewIntent, Opened, State
 from ._lease import new_owner
-from ._observe import Hooks, coroutine_hooks
+from ._observe import Hooks
 from ._outbox.base import Store
 from ._outbox.locate import OutboxSpec, check_spec, open_store
-from ._outbox.sqlite import Durability
 from ._policy import TESTING, RetryPolicy
 from ._redirects import mark_answers
 from ._sender import (
-    DEFAULT_SECRET_PARAMS,
     auth_material,
-    check_name,
     client_origins,
     client_sender,
 )
+from ._settings import Setting, Settings
 from ._settle import Settlement, reconcile_flow, settle_flow
 from ._wire import (
     COMPACT_JSON,
-    DEFAULT_SECRET_HEADERS,
     UNSET,
     HeaderInput,
     Prepared,
@@ -231,12 +228,6 @@ def encode_meta(meta: Any, intent: str | None) -> str | None:
     return text
 
 
-def _is_coroutine_function(fn: object) -> bool:
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-        getattr(fn, "__call__", None)  # noqa: B004  # an object with an async __call__
-    )
-
-
 def outcome_of(call: Callable[[], T]) -> T | OutboxError:
     """A store call's answer, or the OutboxError it raised."""
     try:
@@ -270,74 +261,17 @@ class BaseClient:
     #: Whether this client awaits coroutine hooks (AsyncClient) or refuses them (Client).
     _awaits_hooks = False
 
-    def __init__(
-        self,
-        *,
-        provider: str | Provider,
-        outbox: OutboxSpec,
-        retry: RetryPolicy | None,
-        durability: Durability,
-        secret_headers: Collection[str],
-        lease_seconds: float,
-        heartbeat: float | Literal["auto"] | None = "auto",
-        clock: Callable[[], float] | None = None,
-        hooks: Hooks | Sequence[Hooks] | None = None,
-        retry_budget: RetryBudget | bool = True,
-        name: str | None = None,
-        origins: Collection[str] | None = None,
-        secret_params: Collection[str] = (),
-        on_settled: Callable[[Settlement], Any] | None = None,
-        reconcile: Callable[[IntentRecord], Any] | None = None,
-        reconcile_every: float = 3600.0,
-        credentials_for: Callable[[IntentRecord], Any] | None = None,
-    ) -> None:
-        self.provider = get_provider(provider)
-        #: Asked by drains for the secrets of an intent sent with credentials of its own call.
-        self.credentials_for = credentials_for
-        #: Called once (at least) per intent this client's sender ends: see ``Settlement``.
-        self.on_settled = on_settled
-        #: Asked by drains about expired intents: a ``Resolution``, or None to leave it.
-        self.reconcile = reconcile
-        if reconcile_every <= 0:
-            raise ConfigurationError("reconcile_every must be positive (seconds)")
-        self.reconcile_every = float(reconcile_every)
-        try:
-            self._name = None if name is None else check_name(name)
-        except ValueError as exc:
-            raise ConfigurationError(str(exc)) from None
-        self._origins_given = origins
-        self._secret_params = frozenset(
-            {*DEFAULT_SECRET_PARAMS, *(param.lower() for param in secret_params)}
-        )
+    def __init__(self, outbox: OutboxSpec, settings: Settings) -> None:
+        #: What this client was configured with, checked once (see ``_settings``).
+        self.settings = settings
         #: The origins this client's credentials go to (None: it named none).
         self.origins: frozenset[str] | None = None
         #: Who this client sends as; an intent is sent only by a client of its sender.
         self.sender = ""
-        self.retry = retry if retry is not None else RetryPolicy()
-        if lease_seconds <= 0:
-            raise ConfigurationError("lease_seconds must be positive")
-        self.lease_seconds = float(lease_seconds)
-        if heartbeat == "auto":
-            heartbeat = lease_seconds / 3  # three renewals a lease: 5 s for the 15 s default
-        if heartbeat is not None and not 0 < heartbeat <= lease_seconds / 2:
-            raise ConfigurationError(
-                f"heartbeat= must renew a lease at least twice before it runs out: between 0 and "
-                f"lease_seconds / 2 ({lease_seconds / 2:g} s), not {heartbeat!r}"
-            )
-        #: Seconds between renewals of a lease while its send is in flight (None: off).
-        self.heartbeat = None if heartbeat is None else float(heartbeat)
-        self._secret_names = frozenset(
-            {
-                *DEFAULT_SECRET_HEADERS,
-                *self.provider.credential_headers,
-                *(name.lower() for name in secret_headers),
-            }
-        )
         # Checked now, opened on first use: a typo'd URL or directory fails where the
         # client is built, not at the first charge with a key that was never stored.
         check_spec(outbox)
         self._outbox_spec = outbox
-        self._durability: Durability = durability
         self._store: Store | None = (
             None if outbox is None or isinstance(outbox, str | os.PathLike) else outbox
         )
@@ -352,48 +286,28 @@ class BaseClient:
         self._drain_stops: list[Callable[[], object]] = []  # stop the drains under way
         self._owner = new_owner()  # host, boot, pid and start time: others can tell it died
         self._owner_pid = os.getpid()
-        self._clock: Callable[[], float] = clock if clock is not None else time.time
+        self._clock = settings.clock
         self._heartbeat = Heartbeat(
-            self.heartbeat or self.lease_seconds, self.lease_seconds, self._clock
+            settings.heartbeat or settings.lease_seconds, settings.lease_seconds, self._clock
         )
         self._lib: ModuleType = httpx  # set with the httpx client: httpx or httpx2
         #: The Sender of a call with no options of its own, and the httpx params it saw.
-        self._plain_sender: tuple[Sender | None, object] = (None, None)
-        self.hooks: tuple[Hooks, ...] = (
-            () if hooks is None else (hooks,) if isinstance(hooks, Hooks) else tuple(hooks)
-        )
-        if not all(isinstance(h, Hooks) for h in self.hooks):
-            raise ConfigurationError("hooks= takes a postonce.Hooks or a sequence of them")
+        self._plain_sender: tuple[Sender | None, object, object] = (None, None, None)
         #: Whether any hook wraps sends: the drive loops time the outbox only then.
-        self._around_send = any(h.around_send is not None for h in self.hooks)
-        if not self._awaits_hooks:
-            for registered in self.hooks:
-                for name, hook in coroutine_hooks(registered):
-                    raise ConfigurationError(
-                        f"hook {name}={getattr(hook, '__qualname__', hook)!r} is a coroutine "
-                        "function: postonce.Client calls hooks without awaiting them; use a "
-                        "plain function, or postonce.AsyncClient, which awaits them"
-                    )
-        if not self._awaits_hooks:
-            callbacks = (
-                ("on_settled", on_settled),
-                ("reconcile", reconcile),
-                ("credentials_for", credentials_for),
-            )
-            for role, fn in callbacks:
-                if fn is not None and _is_coroutine_function(fn):
-                    raise ConfigurationError(
-                        f"{role}= is a coroutine function: postonce.Client calls it without "
-                        "awaiting it; use a plain function, or postonce.AsyncClient"
-                    )
-        #: The client-wide retry budget (None: retries are never held back).
-        self.retry_budget: RetryBudget | None = (
-            RetryBudget()
-            if retry_budget is True
-            else None
-            if retry_budget is False
-            else retry_budget
-        )
+        self._around_send = any(h.around_send is not None for h in settings.hooks)
+
+    # The settings, by the names the options have: read from ``settings``, and set
+    # into a new ``settings`` (the next call sends by it).
+    provider = Setting[Provider]()
+    retry = Setting[RetryPolicy]()
+    lease_seconds = Setting[float]()
+    heartbeat = Setting[float | None]()
+    hooks = Setting[tuple[Hooks, ...]]()
+    retry_budget = Setting[RetryBudget | None]()
+    on_settled = Setting[Callable[[Settlement], Any] | None]()
+    reconcile = Setting[Callable[[IntentRecord], Any] | None]()
+    reconcile_every = Setting[float]()
+    credentials_for = Setting[Callable[[IntentRecord], Any] | None]()
 
     @property
     def owner(self) -> str:
@@ -460,12 +374,20 @@ class BaseClient:
         """Settle this client's origins and sender identity from its httpx client's settings."""
         self._check_lease(http.timeout)
         try:
-            self.origins = client_origins(str(http.base_url), self._origins_given)
+            self.origins = client_origins(str(http.base_url), self.settings.origins)
         except ValueError as exc:
             raise ConfigurationError(str(exc)) from None
         credentials = [
-            *((n, v) for n, v in http.headers.multi_items() if n.lower() in self._secret_names),
-            *((n, v) for n, v in http.params.multi_items() if n.lower() in self._secret_params),
+            *(
+                (n, v)
+                for n, v in http.headers.multi_items()
+                if n.lower() in self.settings.secret_names
+            ),
+            *(
+                (n, v)
+                for n, v in http.params.multi_items()
+                if n.lower() in self.settings.secret_params
+            ),
             *auth_material(http.auth),
         ]
         if credentials and self.origins is None:
@@ -475,7 +397,7 @@ class BaseClient:
             )
         try:
             self.sender = client_sender(
-                self._name, self.provider.name, self.provider.credentials, credentials
+                self.settings.name, self.provider.name, self.provider.credentials, credentials
             )
         except ValueError as exc:  # its credentials cannot name it: it needs name=
             raise ConfigurationError(str(exc)) from None
@@ -608,7 +530,7 @@ class BaseClient:
         with self._open_lock:
             self._check_released()
             if self._store is None:
-                self._store = open_store(self._outbox_spec, durability=self._durability)
+                self._store = open_store(self._outbox_spec, durability=self.settings.durability)
             return self._store
 
     def _adoption_due(self) -> StoreCall | None:
@@ -736,10 +658,10 @@ class BaseClient:
             params=params,
             headers=headers,
             # The call's profile names its provider's credential headers (X-API-Key...).
-            secret_names=self._secret_names | profile.credential_headers,
+            secret_names=self.settings.secret_names | profile.credential_headers,
             fingerprint_fields=fingerprint_fields,
             origins=self.origins,
-            secret_params=self._secret_params,
+            secret_params=self.settings.secret_params,
         )
         if intent is None and not one_off and not prepared.key_given:
             raise InvalidRequest(NO_INTENT)
@@ -781,26 +703,22 @@ class BaseClient:
         )
         if plain:
             # Most calls send as the client does: one Sender (it is frozen) serves them
-            # all until a setting it was made from changes (they are public attributes,
-            # compared by identity: an equal but other budget is another budget).
-            cached, params = self._plain_sender
+            # all while the settings are the same object (setting one makes a new one);
+            # the call's profile, the owner (a forked child is another) and httpx's
+            # params are compared too.
+            cached, made_with, params = self._plain_sender
             http_params = self._http.params
             if (
                 cached is not None
+                and made_with is self.settings
                 and cached.provider is provider
-                and cached.policy is self.retry
                 and cached.owner is self.owner
-                and cached.lease_seconds is self.lease_seconds
-                and cached.hooks is self.hooks
-                and cached.retry_budget is self.retry_budget
-                and (cached.settle_hold is None) is (self.on_settled is None)
-                and cached.reconciles is (self.reconcile is not None)
                 and params is http_params
             ):
                 return cached
         sender = self._new_sender(provider, retry, timeout, secret_headers, secret_params)
         if plain:
-            self._plain_sender = (sender, http_params)
+            self._plain_sender = (sender, self.settings, http_params)
         return sender
 
     def _new_sender(

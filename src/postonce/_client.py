@@ -39,6 +39,7 @@ from ._outbox.locate import OutboxSpec
 from ._outbox.sqlite import Durability
 from ._policy import RetryPolicy
 from ._redirects import next_hop
+from ._settings import settings as checked_settings
 from ._settle import Resolution, Settlement
 from ._wire import HeaderInput
 from .providers import Provider
@@ -109,23 +110,26 @@ class Client(BaseClient):
         **httpx_options: Any,
     ) -> None:
         super().__init__(
-            provider=provider,
-            outbox=outbox,
-            retry=retry,
-            durability=durability,
-            secret_headers=secret_headers,
-            lease_seconds=lease_seconds,
-            heartbeat=heartbeat,
-            clock=clock,
-            hooks=hooks,
-            retry_budget=retry_budget,
-            name=name,
-            origins=origins,
-            secret_params=secret_params,
-            on_settled=on_settled,
-            reconcile=reconcile,
-            reconcile_every=reconcile_every,
-            credentials_for=credentials_for,
+            outbox,
+            checked_settings(
+                awaits=False,
+                provider=provider,
+                retry=retry,
+                durability=durability,
+                secret_headers=secret_headers,
+                lease_seconds=lease_seconds,
+                heartbeat=heartbeat,
+                clock=clock,
+                hooks=hooks,
+                retry_budget=retry_budget,
+                name=name,
+                origins=origins,
+                secret_params=secret_params,
+                on_settled=on_settled,
+                reconcile=reconcile,
+                reconcile_every=reconcile_every,
+                credentials_for=credentials_for,
+            ),
         )
         self._http: httpx.Client
         self._http, self._owns_http = self._own_http(

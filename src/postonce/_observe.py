@@ -42,6 +42,7 @@ __all__ = [
     "drop_hooks",
     "emit",
     "info",
+    "is_coroutine_function",
     "sending",
     "stop_collecting",
 ]
@@ -288,7 +289,8 @@ def sending(hooks: Sequence[Hooks], detail: SendDetail) -> Iterator[None]:
         yield
 
 
-def _is_coroutine_function(hook: object) -> bool:
+def is_coroutine_function(hook: object) -> bool:
+    """Whether calling ``hook`` makes a coroutine (an ``async def``, or an async ``__call__``)."""
     return inspect.iscoroutinefunction(hook) or inspect.iscoroutinefunction(
         getattr(hook, "__call__", None)  # noqa: B004 -- an object with an async __call__
     )
@@ -298,7 +300,7 @@ def coroutine_hooks(hooks: Hooks) -> Iterator[tuple[str, Callable[..., object]]]
     """The hooks of ``hooks`` that are coroutine functions, by field name."""
     for field in fields(hooks):
         hook = getattr(hooks, field.name)
-        if hook is not None and _is_coroutine_function(hook):
+        if hook is not None and is_coroutine_function(hook):
             yield field.name, hook
 
 
