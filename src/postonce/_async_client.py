@@ -49,6 +49,7 @@ from ._observe import (
     sending,
     stop_collecting,
 )
+from ._outbox.base import Store
 from ._outbox.locate import OutboxSpec
 from ._outbox.sqlite import Durability
 from ._outbox.threaded import StoreThread, loop_notifier
@@ -336,22 +337,12 @@ class AsyncClient(BaseClient):
                 continue
             try:
                 if isinstance(effect, Send):
-                    self._check_released()
-                    if turn is not None:
-                        turn.sending()
-                    try:
-                        with self._heartbeat.holding(thread.store, effect.lease):
-                            if self._around_send:
-                                sends += 1
-                                detail = SendDetail(reference, key, sends, outbox_seconds)
-                                outbox_seconds = 0.0
-                                with sending(self.hooks, detail):
-                                    value = await self._send(effect.request, reference)
-                            else:
-                                value = await self._send(effect.request, reference)
-                    finally:
-                        if turn is not None:
-                            turn.end()
+                    sends += 1
+                    detail = None
+                    if self._around_send:  # the hook's record, made only for a hook
+                        detail = SendDetail(reference, key, sends, outbox_seconds)
+                    outbox_seconds = 0.0
+                    value = await self._sent(effect, thread.store, reference, detail, turn)
                 elif isinstance(effect, Sleep):
                     await anyio.sleep(effect.seconds)
                 elif isinstance(effect, Callback):
@@ -377,6 +368,28 @@ class AsyncClient(BaseClient):
                     error = Abandoned()
             except Exception as exc:
                 error = exc
+
+    async def _sent(
+        self,
+        effect: Send,
+        store: Store,
+        reference: str,
+        detail: SendDetail | None,
+        turn: Turn | None,
+    ) -> httpx.Response:
+        """Perform a Send: in its drain turn, its lease renewed, inside any around_send hook."""
+        self._check_released()
+        if turn is not None:
+            turn.sending()
+        try:
+            with self._heartbeat.holding(store, effect.lease):
+                if detail is None:
+                    return await self._send(effect.request, reference)
+                with sending(self.hooks, detail):
+                    return await self._send(effect.request, reference)
+        finally:
+            if turn is not None:
+                turn.end()
 
     async def _send(self, request: httpx.Request, intent: str) -> httpx.Response:
         """Send without httpx following redirects; follow same-origin ones here (see next_hop)."""

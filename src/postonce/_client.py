@@ -284,22 +284,12 @@ class Client(BaseClient):
                 continue
             try:
                 if isinstance(effect, Send):
-                    self._check_released()
-                    if turn is not None:
-                        turn.sending()
-                    try:
-                        with self._heartbeat.holding(store, effect.lease):
-                            if self._around_send:
-                                sends += 1
-                                detail = SendDetail(reference, key, sends, outbox_seconds)
-                                outbox_seconds = 0.0
-                                with sending(self.hooks, detail):
-                                    value = self._send(effect.request, reference)
-                            else:
-                                value = self._send(effect.request, reference)
-                    finally:
-                        if turn is not None:
-                            turn.end()
+                    sends += 1
+                    detail = None
+                    if self._around_send:  # the hook's record, made only for a hook
+                        detail = SendDetail(reference, key, sends, outbox_seconds)
+                    outbox_seconds = 0.0
+                    value = self._sent(effect, store, reference, detail, turn)
                 elif isinstance(effect, Sleep):
                     time.sleep(effect.seconds)
                 elif isinstance(effect, Callback):
@@ -312,6 +302,28 @@ class Client(BaseClient):
                 error = exc
             except KeyboardInterrupt as exc:
                 interrupted, error = exc, Abandoned()
+
+    def _sent(
+        self,
+        effect: Send,
+        store: Store,
+        reference: str,
+        detail: SendDetail | None,
+        turn: Turn | None,
+    ) -> httpx.Response:
+        """Perform a Send: in its drain turn, its lease renewed, inside any around_send hook."""
+        self._check_released()
+        if turn is not None:
+            turn.sending()
+        try:
+            with self._heartbeat.holding(store, effect.lease):
+                if detail is None:
+                    return self._send(effect.request, reference)
+                with sending(self.hooks, detail):
+                    return self._send(effect.request, reference)
+        finally:
+            if turn is not None:
+                turn.end()
 
     def _send(self, request: httpx.Request, intent: str) -> httpx.Response:
         """Send without httpx following redirects; follow same-origin ones here (see next_hop)."""

@@ -595,72 +595,24 @@ def run_drain(
     are taken, so each is sent at most once. ``aftercare`` (reconciliation,
     settlements) runs whenever nothing is due.
     """
-    started = clock()
-    began = time.monotonic()
-    # Claims are durable commits: take enough at once that one commit serves many
-    # sends (see BATCH_SECONDS). The flow renews a lease that has run half out
-    # before it sends.
-    least = batch = least_batch(concurrency)
-
-    turns = Turns(concurrency, tally)
-
-    def one(opened: Opened) -> None:
-        turn = turns.take()
-        try:
-            if stop.is_set() or closed():
-                release(opened)
-                tally.add("pending")
-                return
-            process(opened, turn)
-        finally:
-            turn.end()
-
-    caller = contextvars.copy_context()
-
-    def in_context(opened: Opened) -> None:
-        caller.copy().run(one, opened)
-
-    taking = threading.Lock()
-    broken: list[BaseException] = []
-
-    def work(claimed: Iterator[Opened]) -> None:
-        """One of ``flows`` workers: the next claimed intent until none is left.
-
-        (Not a future per intent: each is a Condition, and its result a wait.)
-        Once a flow raises what ``process`` does not catch (SystemExit, say),
-        no worker starts another: the intents not started stay claimed, as
-        the futures not started were cancelled, and the drain raises it.
-        """
-        while True:
-            with taking:
-                opened = None if broken else next(claimed, None)
-            if opened is None:
-                return
-            try:
-                in_context(opened)
-            except BaseException as exc:
-                broken.append(exc)
-                raise
-
-    def claim_more() -> list[Opened] | None:
-        """The next claims; None when the claim failed (logged, counted, waited out)."""
-        try:
-            claimed = claim(clock() if forever else started - JUST_BEFORE, batch)
-        except OutboxError:
-            claim_failed(tally, forever=forever, interval=interval)
-            stop.wait(interval)
-            return None
-        if claimed:
-            tally.add("claimed", len(claimed))
-            if progress is not None:
-                progress(tally.report(time.monotonic() - began))
-        return claimed
-
+    drain = _Drain(
+        claim,
+        process,
+        release,
+        clock,
+        tally,
+        forever,
+        interval,
+        concurrency,
+        stop,
+        closed,
+        progress,
+    )
     # Each flow runs in a copy of the caller's context; one flow runs in the caller's thread.
     with ThreadPoolExecutor(max_workers=flows, thread_name_prefix="postonce-drain") as pool:
-        while not (stop.is_set() or closed()):
+        while not drain.stopping():
             passed = time.monotonic()
-            claimed = claim_more()
+            claimed = drain.claim_more()
             if claimed is None:
                 continue
             if not claimed:
@@ -674,8 +626,91 @@ def run_drain(
             # slower on a CPU-bound drain, so batches stay simple.)
             if flows == 1:
                 for opened in claimed:
-                    one(opened)
+                    drain.one(opened)
             else:
-                list(pool.map(work, [iter(claimed)] * min(flows, len(claimed))))
-            batch = next_batch(batch, len(claimed), time.monotonic() - passed, least)
-    return tally.report(time.monotonic() - began)
+                list(pool.map(drain.work, [iter(claimed)] * min(flows, len(claimed))))
+            drain.batch = next_batch(
+                drain.batch, len(claimed), time.monotonic() - passed, drain.least
+            )
+    return tally.report(time.monotonic() - drain.began)
+
+
+class _Drain:
+    """One :func:`run_drain`: its claims, and the steps each claimed intent takes."""
+
+    def __init__(
+        self,
+        claim: Callable[[float, int], list[Opened]],
+        process: Callable[[Opened, Turn], None],
+        release: Callable[[Opened], None],
+        clock: Callable[[], float],
+        tally: Tally,
+        forever: bool,
+        interval: float,
+        concurrency: int,
+        stop: threading.Event,
+        closed: Callable[[], bool],
+        progress: Callable[[DrainReport], None] | None,
+    ) -> None:
+        self.claim, self.process, self.release = claim, process, release
+        self.clock, self.tally, self.forever, self.interval = clock, tally, forever, interval
+        self.stop, self.closed, self.progress = stop, closed, progress
+        self.started = clock()
+        self.began = time.monotonic()
+        # Claims are durable commits: take enough at once that one commit serves many
+        # sends (see BATCH_SECONDS). The flow renews a lease that has run half out
+        # before it sends.
+        self.least = self.batch = least_batch(concurrency)
+        self.turns = Turns(concurrency, tally)
+        self.caller = contextvars.copy_context()
+        self.taking = threading.Lock()
+        self.broken: list[BaseException] = []
+
+    def stopping(self) -> bool:
+        return self.stop.is_set() or self.closed()
+
+    def one(self, opened: Opened) -> None:
+        """Send one claimed intent in its turn, or hand it back if the drain is stopping."""
+        turn = self.turns.take()
+        try:
+            if self.stopping():
+                self.release(opened)
+                self.tally.add("pending")
+                return
+            self.process(opened, turn)
+        finally:
+            turn.end()
+
+    def work(self, claimed: Iterator[Opened]) -> None:
+        """One of ``flows`` workers: the next claimed intent until none is left.
+
+        (Not a future per intent: each is a Condition, and its result a wait.)
+        Once a flow raises what ``process`` does not catch (SystemExit, say),
+        no worker starts another: the intents not started stay claimed, as
+        the futures not started were cancelled, and the drain raises it.
+        """
+        while True:
+            with self.taking:
+                opened = None if self.broken else next(claimed, None)
+            if opened is None:
+                return
+            try:
+                self.caller.copy().run(self.one, opened)
+            except BaseException as exc:
+                self.broken.append(exc)
+                raise
+
+    def claim_more(self) -> list[Opened] | None:
+        """The next claims; None when the claim failed (logged, counted, waited out)."""
+        due_by = self.clock() if self.forever else self.started - JUST_BEFORE
+        try:
+            claimed = self.claim(due_by, self.batch)
+        except OutboxError:
+            claim_failed(self.tally, forever=self.forever, interval=self.interval)
+            self.stop.wait(self.interval)
+            return None
+        if claimed:
+            self.tally.add("claimed", len(claimed))
+            if self.progress is not None:
+                self.progress(self.tally.report(time.monotonic() - self.began))
+        return claimed

@@ -101,56 +101,23 @@ def decode_attempt(row: tuple[Any, ...]) -> AttemptRecord:
 
 
 def decode_row(row: tuple[Any, ...]) -> IntentRecord:
+    """An intent row, its columns in ``COLUMN_NAMES`` order, as the record the shells read."""
     (
-        id_,
-        reference,
-        key,
-        provider,
-        method,
-        url,
-        headers,
-        body,
-        fingerprint,
-        state,
-        created_at,
-        first_delivery_at,
-        due_at,
-        deadline_at,
-        attempts,
-        last_outcome,
-        lease_owner,
-        lease_expires_at,
-        r_status,
-        r_headers,
-        r_body,
-        r_truncated,
-        r_sha256,
-        note,
-        purged_at,
-        sender,
-        origin,
-        meta,
-        settle_due_at,
-        settle_attempts,
-        settle_error,
-        settled_at,
-        needs,
-    ) = row
+        id_, reference, key, provider, method, url, headers, body, fingerprint, state,
+        created_at, first_delivery_at, due_at, deadline_at, attempts, last_outcome,
+        lease_owner, lease_expires_at,
+    ) = row[:18]  # fmt: skip
+    (
+        note, purged_at, sender, origin, meta,
+        settle_due_at, settle_attempts, settle_error, settled_at, needs,
+    ) = row[23:]  # fmt: skip
     state = _STATE_OF.get(state) or State(state)
     if state in TERMINAL and lease_owner is None:
         # An ended intent that handed its lease back: a store may have left the
         # expiry in the row (decide.lease_exit_deferred; on SQLite for good, where
         # the row never entered the lease index). It says nothing.
         lease_expires_at = None
-    response = None
-    if r_status is not None:
-        response = StoredResponse(
-            status=int(r_status),
-            headers=_pairs(r_headers),
-            body=bytes(r_body or b""),
-            truncated=bool(r_truncated),
-            sha256=str(r_sha256 or ""),
-        )
+    response = _stored_response(*row[18:23])
     return IntentRecord(
         id=int(id_),
         reference=str(reference),
@@ -183,6 +150,21 @@ def decode_row(row: tuple[Any, ...]) -> IntentRecord:
         settle_error=settle_error,
         settled_at=_time(settled_at),
         needs=tuple(json.loads(needs)) if needs else (),
+    )
+
+
+def _stored_response(
+    status: Any, headers: Any, body: Any, truncated: Any, sha256: Any
+) -> StoredResponse | None:
+    """The stored answer of a row (its ``response_*`` columns), or None if it has none."""
+    if status is None:
+        return None
+    return StoredResponse(
+        status=int(status),
+        headers=_pairs(headers),
+        body=bytes(body or b""),
+        truncated=bool(truncated),
+        sha256=str(sha256 or ""),
     )
 
 
