@@ -20,6 +20,9 @@ body, so every retry carries them too):
 * ``status``: the status the execution answers with (402, 500, ...);
 * ``drop_first``: the first execution is stored, then its connection is cut
   mid-answer (the client sees a protocol error, as when a response is lost);
+* ``rate_limit``: ``{"window": NAME, "retry_after": SECONDS}``: a rate limiter
+  in front of the API; the first request naming the window opens it, and every
+  request while it is open gets 429 with ``Retry-After`` (nothing executed);
 * ``api_key``: the ``X-API-Key`` the request must carry (a merchant's own key,
   passed per call by a platform); any other is answered 401 before the
   idempotency layer, so nothing is executed or stored;
@@ -34,6 +37,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -93,6 +98,7 @@ class State:
     max_concurrent: dict[str, int] = field(default_factory=dict)
     open_now: int = 0  # requests open at once, all keys together
     most_open: int = 0
+    limited_until: dict[str, float] = field(default_factory=dict)  # rate-limit window ends
 
 
 class ClientGone(Exception):
@@ -183,6 +189,7 @@ class IdempotentApp:
                 # Who sent it, and with which query: the sender-identity tests read these.
                 "authorization": headers.get("authorization"),
                 "query": scope["query_string"].decode(),
+                "at": time.monotonic(),  # the tests run in this process: the same clock
             }
         )
         if not key:
@@ -204,6 +211,22 @@ class IdempotentApp:
             s.open_requests[key] -= 1
             s.open_now -= 1
 
+    @staticmethod
+    async def _rate_limited(s: State, limit: dict[str, Any], send: SendFn) -> bool:
+        """A recovering provider's rate limiter, before the idempotency layer: the first
+        request of ``limit["window"]`` opens it, and every request while it is open is
+        answered 429 with the seconds left as Retry-After. Nothing is executed."""
+        now = time.monotonic()
+        window = str(limit["window"])
+        if window not in s.limited_until:
+            s.limited_until[window] = now + float(limit["retry_after"])
+        left = s.limited_until[window] - now
+        if left <= 0:
+            return False
+        seconds = str(max(1, math.ceil(left))).encode()
+        await _answer(send, 429, b'{"error":"rate_limited"}', [(b"retry-after", seconds)])
+        return True
+
     async def _keyed(
         self,
         s: State,
@@ -214,6 +237,9 @@ class IdempotentApp:
         profile: Profile,
         send: SendFn,
     ) -> None:
+        limit = directives.get("rate_limit")
+        if limit is not None and await self._rate_limited(s, limit, send):
+            return
         n = s.seen.get(key, 0)
         s.seen[key] = n + 1
         before = directives.get("before", [])

@@ -393,14 +393,14 @@ def test_async_drain_flow_waiting_for_its_turn_when_stopped_sends_nothing(
 
     On PostgreSQL, whose drain runs one flow more than it sends.
     """
-    from postonce._drain import AsyncTurns, Turn
+    from postonce._drain import AsyncTurns, Heard, Turn
 
     arrivals: list[object] = []
     take = AsyncTurns.take
 
-    async def counted(self: AsyncTurns) -> Turn:
+    async def counted(self: AsyncTurns, heard: Heard | None = None) -> Turn:
         arrivals.append(self)
-        return await take(self)
+        return await take(self, heard)
 
     monkeypatch.setattr(AsyncTurns, "take", counted)
 

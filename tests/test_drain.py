@@ -364,9 +364,9 @@ def test_a_flow_that_waits_for_its_turn_when_the_drain_stops_sends_nothing(
     arrived = threading.Semaphore(0)
     take = Turns.take
 
-    def counted(self: Turns) -> postonce._drain.Turn:
+    def counted(self: Turns, heard: postonce._drain.Heard | None = None) -> postonce._drain.Turn:
         arrived.release()
-        return take(self)
+        return take(self, heard)
 
     monkeypatch.setattr(Turns, "take", counted)
     stop = threading.Event()

@@ -53,6 +53,7 @@ from ._outbox.base import Store
 from ._outbox.locate import OutboxSpec
 from ._outbox.sqlite import Durability
 from ._outbox.threaded import StoreThread, loop_notifier
+from ._pace import Pace
 from ._policy import RetryPolicy
 from ._redirects import next_hop
 from ._settings import settings as checked_settings
@@ -384,9 +385,13 @@ class AsyncClient(BaseClient):
         try:
             with self._heartbeat.holding(store, effect.lease):
                 if detail is None:
-                    return await self._send(effect.request, reference)
-                with sending(self.hooks, detail):
-                    return await self._send(effect.request, reference)
+                    response = await self._send(effect.request, reference)
+                else:
+                    with sending(self.hooks, detail):
+                        response = await self._send(effect.request, reference)
+            if turn is not None:
+                turn.answered(response.status_code, response.headers)
+            return response
         finally:
             if turn is not None:
                 turn.end()
@@ -440,6 +445,7 @@ class AsyncClient(BaseClient):
         concurrency: int = 1,
         stop: anyio.Event | None = None,
         progress: Callable[[DrainReport], None] | None = None,
+        rate: float | None = None,
     ) -> DrainReport:
         """Send every due intent once, with its stored key; see :meth:`postonce.Client.drain`.
 
@@ -448,12 +454,13 @@ class AsyncClient(BaseClient):
         finish and are recorded, claims not yet sent are released.
         """
         self._check_drain(concurrency, interval)
+        pace = self._pace(rate)
         stop_now = None
         if stop is None:
             stop = anyio.Event()
             stop_now = _stopper(stop)  # close() may run on another thread or loop
         with self._draining(stop_now):
-            return await self._drain(forever, interval, concurrency, stop, progress)
+            return await self._drain(forever, interval, concurrency, stop, progress, pace)
 
     async def _drain(
         self,
@@ -462,6 +469,7 @@ class AsyncClient(BaseClient):
         concurrency: int,
         stop: anyio.Event,
         progress: Callable[[DrainReport], None] | None,
+        pace: Pace,
     ) -> DrainReport:
         thread = await self._store_thread()
         tally = Tally()
@@ -472,8 +480,14 @@ class AsyncClient(BaseClient):
         least = batch = least_batch(concurrency)
 
         async def one(opened: Opened) -> None:
+            origin = opened.record.origin
+            wait = pace.slot(origin)
+            if wait > 0:
+                with anyio.move_on_after(wait):
+                    await stop.wait()  # a stop while waiting hands it back in process()
             async with limiter:
-                turn = await turns.take()  # before the flow checks its deadline and lease
+                # Taken before the flow checks its deadline and lease.
+                turn = await turns.take(pace.hearing(origin))
                 try:
                     await process(opened, turn)
                 finally:
@@ -481,6 +495,12 @@ class AsyncClient(BaseClient):
 
         async def process(opened: Opened, turn: Turn) -> None:
             record = opened.record
+            until = pace.paused_until(record.origin)  # a 429 heard while it waited for its turn
+            if until is not None:
+                flow = self._release_flow(opened, due_at=until)
+                await self._drive(flow, thread, record.reference, "")
+                tally.add("paused")
+                return
             if stop.is_set() or self._closed:
                 await self._drive(self._release_flow(opened), thread, record.reference, "")
                 tally.add("pending")
@@ -495,10 +515,13 @@ class AsyncClient(BaseClient):
 
         while not (stop.is_set() or self._closed):
             passed = time.monotonic()
-            call = self._claim_call(self._clock() if forever else started - JUST_BEFORE, batch)
+            due_by = self._clock() if forever else started - JUST_BEFORE
+            call = self._claim_call(due_by, batch, pace.paused())
             try:
                 await self._adopt(thread)  # a failure is this pass's claim's
-                claimed: list[Opened] = await thread.call(call.method, call.kwargs)
+                claimed: list[Opened] = (
+                    await thread.call(call.method, call.kwargs) if call is not None else []
+                )
             except OutboxError:
                 claim_failed(tally, forever=forever, interval=interval)
                 with anyio.move_on_after(interval):

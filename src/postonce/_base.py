@@ -43,6 +43,7 @@ from ._lease import new_owner
 from ._observe import Hooks
 from ._outbox.base import Store
 from ._outbox.locate import OutboxSpec, check_spec, open_store
+from ._pace import Pace
 from ._policy import TESTING, RetryPolicy
 from ._redirects import mark_answers
 from ._sender import (
@@ -831,23 +832,35 @@ class BaseClient:
         return supplied_secrets(record.needs, supplied)
 
     def _release_flow(
-        self, opened: Opened, wait: float | None = None
+        self, opened: Opened, wait: float | None = None, due_at: float | None = None
     ) -> Generator[Effect, Any, None]:
         """Hand back a claim the drain will not send: due as it was (the drain is stopping),
-        or ``wait`` seconds from now (this client cannot send it)."""
+        ``wait`` seconds from now (this client cannot send it), or at ``due_at`` (its
+        origin asked for a pause)."""
         assert opened.lease is not None
         now = self._clock()
+        if wait is not None:
+            due_at = now + wait
         yield StoreCall(
             "release",
             {
                 "lease": opened.lease,
                 "now": now,
-                "due_at": opened.record.due_at if wait is None else now + wait,
+                "due_at": opened.record.due_at if due_at is None else due_at,
                 "anchor": opened.anchor_before,
             },
         )
 
-    def _claim_call(self, due_by: float, limit: int) -> StoreCall:
+    def _claim_call(
+        self, due_by: float, limit: int, paused: frozenset[str] = frozenset()
+    ) -> StoreCall | None:
+        """The claim of a drain pass, to this client's origins but ``paused`` ones (None:
+        every origin is paused, nothing to claim)."""
+        origins = self.origins
+        if paused and origins is not None:
+            origins = origins - paused
+            if not origins:
+                return None
         return StoreCall(
             "claim_due",
             {
@@ -859,9 +872,16 @@ class BaseClient:
                 # Only this sender's intents, to this client's origins: the drain sends
                 # with this client's credentials.
                 "sender": self.sender,
-                "origins": self.origins,
+                "origins": origins,
             },
         )
+
+    def _pace(self, rate: float | None) -> Pace:
+        """A drain's pauses and rate per origin (see ``_pace``); a bad rate is refused here."""
+        try:
+            return Pace(self._clock, self.retry.retry_after_max, rate)
+        except ValueError as exc:
+            raise ConfigurationError(f"drain {exc}") from None
 
     def _check_drain(self, concurrency: int = 1, interval: float = 1.0) -> None:
         """A drain's settings, and its origins: it sends with this client's credentials.

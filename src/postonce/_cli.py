@@ -261,7 +261,8 @@ def _progress_line(report: DrainReport) -> None:
     """The TTY progress line, rewritten in place after each batch and once with the report."""
     click.echo(
         f"\rclaimed {report.claimed}  succeeded {report.succeeded}  "
-        f"failed {report.failed}  expired {report.expired}  pending {report.pending}",
+        f"failed {report.failed}  expired {report.expired}  pending {report.pending}  "
+        f"paused {report.paused}",
         nl=False,
         err=True,
     )
@@ -291,6 +292,14 @@ def _progress_line(report: DrainReport) -> None:
 )
 @click.option("--forever", is_flag=True, help="Keep draining until SIGTERM or SIGINT.")
 @click.option(
+    "--rate",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="PER_SECOND",
+    help="At most this many sends a second to each origin (default: no cap). A 429 or "
+    "503 with Retry-After pauses its origin whatever this says.",
+)
+@click.option(
     "--interval",
     callback=_duration,
     metavar="DURATION",
@@ -317,6 +326,7 @@ def drain(
     outbox: str | None,
     concurrency: int,
     forever: bool,
+    rate: float | None,
     interval: timedelta | None,
     accept_foreign: bool,
     adopt: tuple[str, ...],
@@ -337,11 +347,12 @@ def drain(
       4  a settlement handler (on_settled) or reconciler (reconcile) failed,
          or a settlement is still owed after its handler raised
       5  due intents of this client's sender that it cannot send (a profile
-         it does not know) were handed back, due again in a minute
+         it does not know, credentials of their own call not supplied) were
+         handed back, due again in a minute
       3  due intents of other clients were left unsent (see --accept-foreign)
       2  the command line was wrong
 
-    Example: postonce drain --app myapp.payments:client --concurrency 8
+    Example: postonce drain --app myapp.payments:client --concurrency 8 --rate 50
     """
     if interval is not None and not forever:
         raise click.UsageError(
@@ -364,6 +375,7 @@ def drain(
         "interval": 5.0 if interval is None else interval.total_seconds(),
         "concurrency": concurrency,
         "progress": progress,
+        "rate": rate,
     }
     try:
         with _said_at_the_end():

@@ -37,6 +37,7 @@ from ._observe import Hooks, SendDetail, sending
 from ._outbox.base import Store
 from ._outbox.locate import OutboxSpec
 from ._outbox.sqlite import Durability
+from ._pace import Pace
 from ._policy import RetryPolicy
 from ._redirects import next_hop
 from ._settings import settings as checked_settings
@@ -318,9 +319,13 @@ class Client(BaseClient):
         try:
             with self._heartbeat.holding(store, effect.lease):
                 if detail is None:
-                    return self._send(effect.request, reference)
-                with sending(self.hooks, detail):
-                    return self._send(effect.request, reference)
+                    response = self._send(effect.request, reference)
+                else:
+                    with sending(self.hooks, detail):
+                        response = self._send(effect.request, reference)
+            if turn is not None:
+                turn.answered(response.status_code, response.headers)
+            return response
         finally:
             if turn is not None:
                 turn.end()
@@ -366,6 +371,7 @@ class Client(BaseClient):
         concurrency: int = 1,
         stop: threading.Event | None = None,
         progress: Callable[[DrainReport], None] | None = None,
+        rate: float | None = None,
     ) -> DrainReport:
         """Send every due intent once, with its stored key; return a DrainReport.
 
@@ -382,14 +388,20 @@ class Client(BaseClient):
         the outbox holds no credentials. So a drain sends only the intents of
         this client's sender, addressed to its origins; others' due intents are
         left alone and counted in the report's ``not_ours``.
+
+        Gentle to a recovering provider: a 429 or 503 with ``Retry-After`` pauses
+        that origin's due intents for the time asked (at most the policy's
+        ``retry_after_max``); sends in flight go on. ``rate`` caps the sends a
+        second to each origin.
         """
         self._check_drain(concurrency, interval)
+        pace = self._pace(rate)
         stop_now = None
         if stop is None:
             stop = threading.Event()
             stop_now = stop.set
         with self._draining(stop_now):
-            return self._drain(forever, interval, concurrency, stop, progress)
+            return self._drain(forever, interval, concurrency, stop, progress, pace)
 
     def _drain(
         self,
@@ -398,16 +410,17 @@ class Client(BaseClient):
         concurrency: int,
         stop: threading.Event,
         progress: Callable[[DrainReport], None] | None,
+        pace: Pace,
     ) -> DrainReport:
         store = self.outbox
         tally = Tally()
 
-        def claim(due_by: float, limit: int) -> list[Opened]:
+        def claim(due_by: float, limit: int, paused: frozenset[str]) -> list[Opened]:
             adopt = self._adoption_due()  # one that failed when the outbox opened
             if adopt is not None:
                 self._adopted_result(outcome_of(lambda: adopt.on(store)))
-            call = self._claim_call(due_by, limit)
-            claimed: list[Opened] = call.on(store)
+            call = self._claim_call(due_by, limit, paused)
+            claimed: list[Opened] = call.on(store) if call is not None else []
             return claimed
 
         def process(opened: Opened, turn: Turn) -> None:
@@ -420,8 +433,9 @@ class Client(BaseClient):
                 outcome = exc
             count_outcome(tally, outcome)
 
-        def release(opened: Opened) -> None:
-            self._drive(self._release_flow(opened), store, opened.record.reference, "")
+        def release(opened: Opened, due_at: float | None) -> None:
+            flow = self._release_flow(opened, due_at=due_at)
+            self._drive(flow, store, opened.record.reference, "")
 
         with stop_on_signals(stop):
             report = run_drain(
@@ -435,6 +449,7 @@ class Client(BaseClient):
                 concurrency=concurrency,
                 flows=flows_for(store, concurrency),
                 stop=stop,
+                pace=pace,
                 closed=lambda: self._closed,
                 progress=progress,
                 aftercare=lambda: self._aftercare_quietly(store, tally),

@@ -19,7 +19,7 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -40,6 +40,7 @@ from ._exceptions import (
     PostonceError,
 )
 from ._intent import Census, Foreign, IntentRecord, Opened, State
+from ._pace import Pace
 
 __all__ = [
     "FOREIGN_MARK",
@@ -49,6 +50,7 @@ __all__ = [
     "AsyncTurns",
     "DrainReport",
     "ForeignSender",
+    "Heard",
     "Tally",
     "Turn",
     "Turns",
@@ -154,6 +156,9 @@ class DrainReport(BaseModel):
     indeterminate: int = 0  # an answer that left the effect unknown (a stored 5xx): reconcile
     cancelled: int = 0  # deadline passed, never delivered
     pending: int = 0  # left pending with a later due time
+    paused: int = (
+        0  # claims handed back unsent: their origin asked for a pause (429/503 Retry-After)
+    )
     replayed: int = 0  # answers the server marked as replays
     errors: int = 0  # claims that ended in an unexpected error (logged)
     unsendable: int = 0  # claims this client cannot send (an unknown profile, missing credentials):
@@ -237,20 +242,32 @@ class Tally:
             return DrainReport(duration=duration, **self.counts)
 
 
+#: What a turn tells its drain's pace of an answer: its status and headers.
+Heard = Callable[[int, Mapping[str, str]], None]
+
+
 class Turn:
     """One flow's turn to send: its send is counted, and the turn given back once it is over.
 
     Given back once: when the send is over, or when the flow ends without one.
     """
 
-    __slots__ = ("_give_back", "_tally")
+    __slots__ = ("_give_back", "_heard", "_tally")
 
-    def __init__(self, give_back: Callable[[], None], tally: Tally) -> None:
+    def __init__(
+        self, give_back: Callable[[], None], tally: Tally, heard: Heard | None = None
+    ) -> None:
         self._give_back: Callable[[], None] | None = give_back
         self._tally = tally
+        self._heard = heard
 
     def sending(self) -> None:
         self._tally.add("sent")
+
+    def answered(self, status: int, headers: Mapping[str, str]) -> None:
+        """The send's answer arrived: the drain's pace hears it (a 429 may pause its origin)."""
+        if self._heard is not None:
+            self._heard(status, headers)
 
     def end(self) -> None:
         give_back, self._give_back = self._give_back, None
@@ -277,9 +294,9 @@ class Turns:
         self._give_back = functools.partial(self._free.put, None)
         self._tally = tally
 
-    def take(self) -> Turn:
+    def take(self, heard: Heard | None = None) -> Turn:
         self._free.get()
-        return Turn(self._give_back, self._tally)
+        return Turn(self._give_back, self._tally, heard)
 
 
 class AsyncTurns:
@@ -289,9 +306,9 @@ class AsyncTurns:
         self._free = anyio.Semaphore(limit)
         self._tally = tally
 
-    async def take(self) -> Turn:
+    async def take(self, heard: Heard | None = None) -> Turn:
         await self._free.acquire()
-        return Turn(self._free.release, self._tally)
+        return Turn(self._free.release, self._tally, heard)
 
 
 def flows_for(store: object, concurrency: int) -> int:
@@ -569,9 +586,9 @@ def next_batch(batch: int, done: int, seconds: float, least: int) -> int:
 
 def run_drain(
     *,
-    claim: Callable[[float, int], list[Opened]],
+    claim: Callable[[float, int, frozenset[str]], list[Opened]],
     process: Callable[[Opened, Turn], None],
-    release: Callable[[Opened], None],
+    release: Callable[[Opened, float | None], None],
     clock: Callable[[], float],
     tally: Tally,
     forever: bool,
@@ -579,18 +596,22 @@ def run_drain(
     concurrency: int,
     flows: int,
     stop: threading.Event,
+    pace: Pace,
     closed: Callable[[], bool] = lambda: False,
     progress: Callable[[DrainReport], None] | None = None,
     aftercare: Callable[[], None] | None = None,
 ) -> DrainReport:
     """Claim and process batches of due intents until none is due (or until stopped).
 
-    ``claim(due_by, limit)`` leases due intents; ``process(opened, turn)``
+    ``claim(due_by, limit, paused)`` leases due intents, none to a ``paused``
+    origin; ``process(opened, turn)``
     sends one claimed intent in its ``turn`` and counts its outcome; ``flows``
     of them run at once (see :func:`flows_for`), at most ``concurrency`` of
     those between their start and their send's end.
-    ``release`` hands back a claim that will not be sent (because the drain
-    is stopping: ``stop`` is set, or ``closed()`` says its client is). Without
+    ``release(opened, due_at)`` hands back a claim that will not be sent:
+    due as it was (``due_at`` None) because the drain is stopping (``stop`` is
+    set, or ``closed()`` says its client is), or due when its origin's pause
+    ends (``pace``, which also spaces sends at its rate). Without
     ``forever``, only intents due when the drain started
     are taken, so each is sent at most once. ``aftercare`` (reconciliation,
     settlements) runs whenever nothing is due.
@@ -607,6 +628,7 @@ def run_drain(
         stop,
         closed,
         progress,
+        pace,
     )
     # Each flow runs in a copy of the caller's context; one flow runs in the caller's thread.
     with ThreadPoolExecutor(max_workers=flows, thread_name_prefix="postonce-drain") as pool:
@@ -640,9 +662,9 @@ class _Drain:
 
     def __init__(
         self,
-        claim: Callable[[float, int], list[Opened]],
+        claim: Callable[[float, int, frozenset[str]], list[Opened]],
         process: Callable[[Opened, Turn], None],
-        release: Callable[[Opened], None],
+        release: Callable[[Opened, float | None], None],
         clock: Callable[[], float],
         tally: Tally,
         forever: bool,
@@ -651,8 +673,9 @@ class _Drain:
         stop: threading.Event,
         closed: Callable[[], bool],
         progress: Callable[[DrainReport], None] | None,
+        pace: Pace,
     ) -> None:
-        self.claim, self.process, self.release = claim, process, release
+        self.claim, self.process, self.release, self.pace = claim, process, release, pace
         self.clock, self.tally, self.forever, self.interval = clock, tally, forever, interval
         self.stop, self.closed, self.progress = stop, closed, progress
         self.started = clock()
@@ -670,14 +693,24 @@ class _Drain:
         return self.stop.is_set() or self.closed()
 
     def one(self, opened: Opened) -> None:
-        """Send one claimed intent in its turn, or hand it back if the drain is stopping."""
-        turn = self.turns.take()
+        """Send one claimed intent in its turn, or hand it back (stopping, or its origin paused)."""
+        origin = opened.record.origin
+        wait = self.pace.slot(origin)
+        if wait > 0:
+            self.stop.wait(wait)  # a stop while waiting hands it back below
+        turn = self.turns.take(self.pace.hearing(origin))
         try:
-            if self.stopping():
-                self.release(opened)
+            # Looked at once the turn is taken, right before the send: a 429 heard
+            # while this flow waited for its turn holds it back too.
+            until = self.pace.paused_until(origin)
+            if until is not None:
+                self.release(opened, until)
+                self.tally.add("paused")
+            elif self.stopping():
+                self.release(opened, None)
                 self.tally.add("pending")
-                return
-            self.process(opened, turn)
+            else:
+                self.process(opened, turn)
         finally:
             turn.end()
 
@@ -704,7 +737,7 @@ class _Drain:
         """The next claims; None when the claim failed (logged, counted, waited out)."""
         due_by = self.clock() if self.forever else self.started - JUST_BEFORE
         try:
-            claimed = self.claim(due_by, self.batch)
+            claimed = self.claim(due_by, self.batch, self.pace.paused())
         except OutboxError:
             claim_failed(self.tally, forever=self.forever, interval=self.interval)
             self.stop.wait(self.interval)

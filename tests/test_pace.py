@@ -1,0 +1,162 @@
+"""Gentle to a recovering provider: a 429's Retry-After pauses its origin; a rate spaces sends.
+
+The decision (``pause_asked``) and the bookkeeping (``Pace``) are tested by
+table with a hand-driven clock; the drain end to end against the loopback
+server's rate limiter, which answers 429 with ``Retry-After`` to every
+request while its window is open (nothing executed), as a provider that has
+just come back does.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import httpx
+import pytest
+
+import postonce
+from postonce import State
+from postonce._pace import Pace, pause_asked
+from tests.conftest import FAST, ClientFactory, LoopbackServer
+
+NOW = 1_000_000.0
+
+
+@pytest.mark.parametrize(
+    ("status", "headers", "until"),
+    [
+        pytest.param(429, {"Retry-After": "2"}, NOW + 2, id="429-seconds"),
+        pytest.param(503, {"Retry-After": "5"}, NOW + 5, id="503-seconds"),
+        pytest.param(429, {"retry-after-ms": "1500"}, NOW + 1.5, id="429-ms"),
+        pytest.param(
+            429, {"Retry-After": "Thu, 01 Jan 1970 00:00:00 GMT"}, None, id="429-date-past"
+        ),
+        pytest.param(429, {"Retry-After": "600"}, NOW + 60, id="capped-at-retry-after-max"),
+        pytest.param(429, {}, None, id="429-without-retry-after"),
+        pytest.param(429, {"Retry-After": "soon"}, None, id="garbage"),
+        pytest.param(429, {"Retry-After": "0"}, None, id="zero"),
+        pytest.param(500, {"Retry-After": "2"}, None, id="500-is-not-a-pause"),
+        pytest.param(409, {"Retry-After": "2"}, None, id="in-flight-is-the-intents-own"),
+        pytest.param(201, {"Retry-After": "2"}, None, id="success"),
+    ],
+)
+def test_which_answers_pause_their_origin(
+    status: int, headers: dict[str, str], until: float | None
+) -> None:
+    """Only a 429 or 503 with a readable, positive wait speaks for the whole origin."""
+    got = pause_asked(status, httpx.Headers(headers), NOW, cap=60.0)
+    assert got == (pytest.approx(until) if until is not None else None)
+
+
+def test_a_pause_lasts_its_time_for_its_origin_only_and_the_longest_wins() -> None:
+    now = [NOW]
+    pace = Pace(lambda: now[0], cap=60.0)
+    pace.heard("https://a.test:443", 429, httpx.Headers({"Retry-After": "5"}))
+    pace.heard("https://a.test:443", 429, httpx.Headers({"Retry-After": "2"}))  # shorter: kept 5
+    assert pace.paused() == {"https://a.test:443"}
+    assert pace.paused_until("https://a.test:443") == NOW + 5
+    assert pace.paused_until("https://b.test:443") is None
+    assert pace.paused_until(None) is None
+    now[0] = NOW + 5
+    assert pace.paused() == frozenset()
+    assert pace.paused_until("https://a.test:443") is None
+
+
+@pytest.mark.parametrize(
+    ("rate", "waits"),
+    [
+        pytest.param(None, [0.0, 0.0, 0.0, 0.0], id="no-rate"),
+        pytest.param(4.0, [0.0, 0.25, 0.5, 0.75], id="4-a-second"),
+        pytest.param(0.5, [0.0, 2.0, 4.0, 6.0], id="one-every-2s"),
+    ],
+)
+def test_a_rate_spaces_the_sends_to_each_origin(rate: float | None, waits: list[float]) -> None:
+    """Slots taken at one instant are spaced evenly; another origin has its own."""
+    pace = Pace(lambda: NOW, cap=60.0, rate=rate)
+    assert [pace.slot("https://a.test:443") for _ in waits] == pytest.approx(waits)
+    assert pace.slot("https://b.test:443") == 0.0
+
+
+@pytest.mark.parametrize("rate", [0, -1, float("inf"), float("nan")])
+def test_a_rate_that_is_not_a_positive_number_is_refused(
+    rate: float, make_client: ClientFactory
+) -> None:
+    client = make_client("http://api.test", name="gentle")
+    with pytest.raises(postonce.ConfigurationError, match="rate must be a positive number"):
+        client.drain(rate=rate)
+
+
+# -- end to end: a provider that rate-limits after an outage ------------------------------
+
+N = 12
+ONE_TRY = FAST.model_copy(update={"attempts": 1})
+
+
+def backlog(make_client: ClientFactory, server: LoopbackServer, body: dict[str, Any]) -> Any:
+    """N due intents left pending by an outage (a 503 from the same origin), and the drain's
+    client: same outbox, name and origin, now talking to the recovered server."""
+    down = make_client(
+        server.base_url,
+        name="gentle",
+        transport=httpx.MockTransport(lambda request: httpx.Response(503)),
+    )
+    path = f"/ietf/charges/{uuid.uuid4().hex}"  # the server is shared: this test's own path
+    for i in range(N):
+        with pytest.raises(postonce.IntentPending):
+            down.post_once(
+                path,
+                json=body,
+                intent=f"catch-up-{i}",
+                retry=FAST.model_copy(update={"attempts": 1}),
+            )
+    due = [r.due_at for r in (down.lookup(f"catch-up-{i}") for i in range(N)) if r and r.due_at]
+    assert len(due) == N
+    time.sleep(max(0.0, max(due) - time.time()))
+    return make_client(server.base_url, name="gentle"), path
+
+
+def requests_to(server: LoopbackServer, path: str) -> list[dict[str, Any]]:
+    return [r for r in server.ledger()["requests"] if r["path"] == path]
+
+
+def test_a_429_with_retry_after_pauses_the_whole_origin_then_the_backlog_drains_once(
+    make_client: ClientFactory, server: LoopbackServer
+) -> None:
+    """The first answer is 429 Retry-After 2: no other intent goes there within those 2 s.
+
+    Before: the drain sent all twelve into the open window (twelve 429s).
+    """
+    limit = {"window": uuid.uuid4().hex, "retry_after": 2}
+    drain, path = backlog(make_client, server, {"amount": 1, "_test": {"rate_limit": limit}})
+    first = drain.drain()
+    sent = requests_to(server, path)
+    assert len(sent) == 1  # the one that heard the 429; the rest waited
+    assert first.claimed >= 1
+    assert first.paused == first.claimed - 1
+    assert first.failed == first.expired == 0
+    assert first.ok
+    for i in range(N):
+        record = drain.lookup(f"catch-up-{i}")
+        assert record is not None
+        assert record.state is State.PENDING
+    time.sleep(max(0.0, sent[0]["at"] + 2.2 - time.monotonic()))
+    report = drain.drain()
+    assert report.succeeded == N
+    keys = {str(drain.lookup(f"catch-up-{i}").key) for i in range(N)}
+    assert sorted(e["key"] for e in server.ledger()["effects"] if e["key"] in keys) == sorted(keys)
+    # Every send after the window opened waited for it to close.
+    assert all(r["at"] >= sent[0]["at"] + 1.9 for r in requests_to(server, path)[1:])
+
+
+def test_a_drain_rate_spaces_the_sends_to_an_origin(
+    make_client: ClientFactory, server: LoopbackServer
+) -> None:
+    """rate=20: twelve intents to one origin take at least 11 slots of 50 ms, however many
+    flows send them (a lower bound: a slow host only takes longer); each executed once."""
+    drain, path = backlog(make_client, server, {"amount": 1})
+    report = drain.drain(rate=20.0, concurrency=4)
+    assert report.succeeded == N
+    assert report.duration >= (N - 1) / 20.0
+    assert len(requests_to(server, path)) == N
