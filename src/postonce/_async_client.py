@@ -489,29 +489,9 @@ class AsyncClient(BaseClient):
                 # Taken before the flow checks its deadline and lease.
                 turn = await turns.take(pace.hearing(origin))
                 try:
-                    await process(opened, turn)
+                    await self._drain_one(opened, turn, thread, tally, stop, pace)
                 finally:
                     turn.end()
-
-        async def process(opened: Opened, turn: Turn) -> None:
-            record = opened.record
-            until = pace.paused_until(record.origin)  # a 429 heard while it waited for its turn
-            if until is not None:
-                flow = self._release_flow(opened, due_at=until)
-                await self._drive(flow, thread, record.reference, "")
-                tally.add("paused")
-                return
-            if stop.is_set() or self._closed:
-                await self._drive(self._release_flow(opened), thread, record.reference, "")
-                tally.add("pending")
-                return
-            try:
-                outcome: object = await self._drive(
-                    self._drain_flow(opened, tally), thread, record.reference, record.key, turn
-                )
-            except Exception as exc:
-                outcome = exc
-            count_outcome(tally, outcome)
 
         while not (stop.is_set() or self._closed):
             passed = time.monotonic()
@@ -528,10 +508,7 @@ class AsyncClient(BaseClient):
                     await stop.wait()
                 continue
             if not claimed:
-                try:
-                    await self._drive(self._aftercare(tally), thread, "", "")
-                except OutboxError as exc:
-                    logger.warning("drain: settlements and reconciliation wait: %s", exc)
+                await self._aftercare_quietly(thread, tally)
                 if not forever:
                     break
                 with anyio.move_on_after(interval):
@@ -552,6 +529,43 @@ class AsyncClient(BaseClient):
         except OutboxError as exc:
             counted = exc
         return note_census(report, counted, self.sender, self.origins, outbox_name(thread.store))
+
+    async def _drain_one(
+        self,
+        opened: Opened,
+        turn: Turn,
+        thread: StoreThread,
+        tally: Tally,
+        stop: anyio.Event,
+        pace: Pace,
+    ) -> None:
+        """Send one claimed intent in its turn, or hand it back (its origin paused, or stopping)."""
+        record = opened.record
+        until = pace.paused_until(record.origin)  # a 429 heard while it waited for its turn
+        if until is not None:
+            await self._drive(
+                self._release_flow(opened, due_at=until), thread, record.reference, ""
+            )
+            tally.add("paused")
+            return
+        if stop.is_set() or self._closed:
+            await self._drive(self._release_flow(opened), thread, record.reference, "")
+            tally.add("pending")
+            return
+        try:
+            outcome: object = await self._drive(
+                self._drain_flow(opened, tally), thread, record.reference, record.key, turn
+            )
+        except Exception as exc:
+            outcome = exc
+        count_outcome(tally, outcome)
+
+    async def _aftercare_quietly(self, thread: StoreThread, tally: Tally) -> None:
+        """Reconcile and settle between drain passes; an outbox failure waits for the next."""
+        try:
+            await self._drive(self._aftercare(tally), thread, "", "")
+        except OutboxError as exc:
+            logger.warning("drain: settlements and reconciliation wait: %s", exc)
 
     # -- life cycle ----------------------------------------------------------
 
