@@ -1,34 +1,26 @@
-"""Drain throughput: due intents finished per second, against raw httpx sending the same.
+"""Drain throughput: due intents finished per second, against raw httpx and the drain floor.
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/bench_drain.py --intents 3000 --concurrency 1,4,8
+    python benchmarks/bench_drain.py                               # SQLite, c=1,4,8
+    python benchmarks/bench_drain.py --backend postgres            # PostgreSQL (--pg URL)
+    python benchmarks/bench_drain.py --intents 200 --concurrency 4 --repeats 1   # a smoke run
 
-For each concurrency, each repeat fills a fresh SQLite outbox with ``--intents``
-due intents (as a crashed sender leaves them: leased by a dead owner, lease
-expired; the filling is not timed), then times, in an order shuffled by a
-seeded RNG:
+For each concurrency C, each repeat times, in a seeded shuffled order:
 
-* ``drain``: ``postonce.Client.drain(concurrency=C)`` finishing all of them;
-* ``raw``: ``httpx.Client.post`` of the same number of requests with an
-  ``Idempotency-Key`` each, from a pool of C threads sharing one client.
+* ``drain``: ``postonce.Client.drain(concurrency=C)`` finishing ``--intents`` due
+  intents in a fresh outbox (filled untimed, as a crashed sender leaves them:
+  leased by a dead owner, lease expired);
+* ``floor``: ``floor.drain_floor``, the least Python doing a drain's durable work
+  (claim under a lease, raw send, fenced record), on an outbox filled the same way;
+* ``raw``: ``httpx.Client.post`` of as many requests from C threads sharing one client.
 
-* ``floor`` (the sync shell only): ``drain_floor.drain_floor``, the least Python
-  doing a drain's durable work (claim under a lease, raw httpx send, fenced
-  record), on an outbox filled the same way, with C threads; ``drain / floor``
-  is the price of what postonce's drain does besides.
-
-With ``--shell async`` the arms are ``postonce.AsyncClient.drain`` and raw
-``httpx.AsyncClient.post`` from C tasks sharing one client (a pool of C
-connections), each run in its own ``asyncio.run``.
-
-Both talk to the loopback server of ``bench_sync.py`` (a raw asyncio HTTP/1.1
-server in its own process, pinned to the second CPU). Prints medians of the
-repeats in intents per second and the drain/raw ratio, and each arm's client
-CPU per intent (user + system time of this process, all its threads; not the
-HTTP server's or PostgreSQL's) beside its wall time per intent: an arm whose CPU
-is near its wall time is bound by the client's one interpreter, and its ratio
-follows the work it does per intent. Asserts nothing.
+``--shell async`` times ``AsyncClient.drain`` against raw ``httpx.AsyncClient``
+from C tasks (no floor). Prints intents/s per arm (min/median/max over the
+repeats), drain/raw and drain/floor within each repeat, and each arm's client
+CPU per intent (user + system, every thread of this process) beside its wall
+time: an arm whose CPU is near its wall time is bound by the client's one
+interpreter.
 """
 
 from __future__ import annotations
@@ -39,11 +31,8 @@ import hashlib
 import json
 import random
 import resource
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -52,14 +41,12 @@ from pathlib import Path
 from typing import NamedTuple, Protocol
 
 import httpx
+from _harness import Spread, common_args, pinned_server, print_facts, run_main
+from floor import drain_floor
 
 import postonce
 from postonce._outbox.base import NewIntent
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_sync import available_cpus, filesystem_of, start_server
-from drain_floor import drain_floor
-from spread import Spread
+from postonce._outbox.locate import open_store, split_schema
 
 BODY = json.dumps({"amount": 1250, "currency": "eur", "customer": "cus_1"}).encode()
 
@@ -152,73 +139,46 @@ def cpu_line(rates: dict[str, list[float]], used: dict[str, list[Used]]) -> str:
     return "client CPU per intent, us of wall: " + "   ".join(parts)
 
 
+def sender_of(url: str) -> str:
+    """The sender a drain client with ``base_url`` at ``url``'s origin sends as."""
+    return postonce.Client(outbox=":memory:", base_url=origin_of(url)).sender
+
+
 def open_call(
-    reference: str, url: str, *, owner: str, now: float, lease_for: float
+    reference: str, url: str, *, owner: str, now: float, lease_for: float, sender: str
 ) -> tuple[str, dict[str, object]]:
     """The store call that writes one benchmark intent ahead, leased to ``owner``."""
-    return (
-        "open_intent",
-        {
-            "new": NewIntent(
-                reference=reference,
-                key=str(uuid.uuid4()),
-                key_given=False,
-                provider="ietf_draft",
-                method="POST",
-                url=url,
-                headers=(("content-type", "application/json"),),
-                body=BODY,
-                fingerprint=hashlib.sha256(reference.encode()).hexdigest(),
-                deadline_at=None,
-            ),
-            "owner": owner,
-            "now": now,
-            "lease_for": lease_for,
-        },
+    new = NewIntent(
+        reference=reference,
+        key=str(uuid.uuid4()),
+        key_given=False,
+        provider="ietf_draft",
+        method="POST",
+        url=url,
+        headers=(("content-type", "application/json"),),
+        body=BODY,
+        fingerprint=hashlib.sha256(reference.encode()).hexdigest(),
+        deadline_at=None,
+        sender=sender,
+        origin=origin_of(url),
     )
+    return "open_intent", {"new": new, "owner": owner, "now": now, "lease_for": lease_for}
 
 
 def fill(path: Path | str, url: str, count: int) -> None:
     """Write ``count`` due intents, leased by a dead owner whose lease has run out."""
-    from postonce._outbox.locate import open_store
-
     store = open_store(str(path), durability="normal")
-    long_ago = time.time() - 3600
+    long_ago, sender = time.time() - 3600, sender_of(url)
     calls = [
-        open_call(f"bench-{i}", url, owner="dead/0", now=long_ago, lease_for=1.0)
+        open_call(f"bench-{i}", url, owner="dead/0", now=long_ago, lease_for=1.0, sender=sender)
         for i in range(count)
     ]
     run_batch = getattr(store, "run_batch")  # noqa: B009 (both stores have it)
     for start in range(0, count, 1000):
-        run_batch(calls[start : start + 1000])
+        for ok, result in run_batch(calls[start : start + 1000]):
+            if not ok:
+                raise result
     store.close()
-
-
-_DRAIN_PROCESS = (
-    "import postonce, sys\n"
-    "client = postonce.Client(outbox=sys.argv[1], base_url=sys.argv[3])\n"
-    "print(client.drain(concurrency=int(sys.argv[2])).succeeded)\n"
-    "client.close()\n"
-)
-
-
-def time_processes(outbox: str, url: str, processes: int, concurrency: int, count: int) -> float:
-    """Intents/s with ``processes`` drain processes sharing one outbox."""
-    adopt(outbox, url)
-    started = time.perf_counter()
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", _DRAIN_PROCESS, outbox, str(concurrency), origin_of(url)],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(processes)
-    ]
-    done = sum(int(p.communicate(timeout=600)[0].strip() or 0) for p in procs)
-    elapsed = time.perf_counter() - started
-    if done != count:
-        raise RuntimeError(f"{processes} drains finished {done} of {count}")
-    return count / elapsed
 
 
 def fresh_postgres(base: str) -> str:
@@ -229,8 +189,6 @@ def fresh_postgres(base: str) -> str:
 def drop_postgres(url: str) -> None:
     import psycopg
     from psycopg import sql
-
-    from postonce._outbox.locate import split_schema
 
     base, schema = split_schema(url)
     with psycopg.connect(base, autocommit=True) as conn:
@@ -243,15 +201,9 @@ def origin_of(url: str) -> str:
     return f"{parsed.scheme}://{parsed.host}:{parsed.port}"
 
 
-def adopt(path: Path | str, url: str) -> None:
-    """Give the filled intents (written with no sender) to the drain client's sender, untimed."""
-    with postonce.Client(outbox=path, base_url=origin_of(url)) as client:
-        client.outbox  # noqa: B018 (opening the outbox adopts the intents of no sender)
-
-
 def time_drain(path: Path | str, url: str, concurrency: int, count: int) -> Timed:
     with postonce.Client(outbox=path, durability="full", base_url=origin_of(url)) as client:
-        client.outbox  # noqa: B018 (opened and adopted before the clock starts, as raw's pool)
+        client.outbox  # noqa: B018 (opened before the clock starts, as raw's pool)
         with Timed(count) as timed:
             report = client.drain(concurrency=concurrency)
     if report.succeeded != count:
@@ -331,146 +283,95 @@ def time_raw_async(url: str, concurrency: int, count: int) -> Timed:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--intents", type=int, default=3000)
-    parser.add_argument("--concurrency", default="1,4,8", help="comma-separated, e.g. 1,4,8")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--dir", type=Path, default=Path(__file__).resolve().parent)
-    parser.add_argument(
-        "--processes",
-        default="",
-        help="comma-separated drain process counts (e.g. 1,2,4): measure scaling instead",
-    )
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--intents", type=int, default=3000, help="per run (default 3000)")
+    parser.add_argument("--concurrency", default="1,4,8", help="comma-separated (default 1,4,8)")
     parser.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite")
-    parser.add_argument(
-        "--shell",
-        choices=["sync", "async"],
-        default="sync",
-        help="Client.drain against httpx.Client, or AsyncClient.drain against httpx.AsyncClient",
-    )
+    parser.add_argument("--shell", choices=["sync", "async"], default="sync")
     parser.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432/test")
-    return parser.parse_args(argv)
+    common_args(parser, seed=7)
+    args = parser.parse_args(argv)
+    args.levels = [int(c) for c in args.concurrency.split(",")]
+    if args.intents < 1 or args.repeats < 1 or min(args.levels) < 1:
+        parser.error("--intents, --repeats and every concurrency must be >= 1")
+    return args
+
+
+def time_arm(arm: str, args: argparse.Namespace, url: str, outbox: Path | str, c: int) -> Timed:
+    """One timed run of ``arm``; a PostgreSQL outbox is dropped after it."""
+    if arm == "raw":
+        return (time_raw if args.shell == "sync" else time_raw_async)(url, c, args.intents)
+    fill(outbox, url, args.intents)
+    timer = {"drain": time_drain, "floor": time_floor}[arm]
+    try:
+        return (time_drain_async if args.shell == "async" else timer)(outbox, url, c, args.intents)
+    finally:
+        if args.backend == "postgres":
+            drop_postgres(str(outbox))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.processes and args.shell == "async":
-        raise SystemExit("--processes times sync drain processes only; leave out --shell async")
-    levels = [int(c) for c in args.concurrency.split(",")]
     rng = random.Random(args.seed)
-    cpus = available_cpus()
-    if len(cpus) >= 2:
-        import os
-
-        os.sched_setaffinity(0, {cpus[0]})
-    server = start_server(cpus[1] if len(cpus) >= 2 else None)
-    workdir = Path(tempfile.mkdtemp(prefix=".tmp-drain-", dir=args.dir))
-    try:
-        print(f"command: {' '.join(sys.argv)}")
-        print(f"python {sys.version.split()[0]}, cpus {cpus}, outbox fs {filesystem_of(workdir)}")
-        print(f"{args.intents} intents per run, {args.repeats} repeats, server {server.url}")
-        if args.processes:
-            scaling: dict[int, float] = {}
-            for processes in [int(p) for p in args.processes.split(",")]:
-                rates: list[float] = []
-                for repeat in range(args.repeats):
-                    if args.backend == "sqlite":
-                        outbox = str(workdir / f"p{processes}-r{repeat}.sqlite3")
-                    else:
-                        outbox = fresh_postgres(args.pg)
-                    fill(outbox, server.url, args.intents)
-                    try:
-                        rates.append(
-                            time_processes(outbox, server.url, processes, levels[0], args.intents)
-                        )
-                    finally:
-                        if args.backend == "postgres":
-                            drop_postgres(outbox)
-                scaling[processes] = statistics.median(rates)
-                print(
-                    f"{args.backend} {processes} process(es) x concurrency {levels[0]}: "
-                    f"{scaling[processes]:8.0f} intents/s"
-                )
-            base = scaling[min(scaling)]
-            print(
-                f"SUMMARY drain {args.backend} processes: "
-                + "  ".join(f"{p}: {v:.0f}/s (x{v / base:.2f})" for p, v in scaling.items())
-            )
-            return 0
-        results: dict[int, dict[str, list[float]]] = {}
-        for concurrency in levels:
-            arms = ["drain", "raw"] + (["floor"] if args.shell == "sync" else [])
+    arms = ["drain", "raw"] + (["floor"] if args.shell == "sync" else [])
+    results: dict[int, dict[str, list[float]]] = {}
+    with pinned_server(".tmp-drain-", args.dir) as pinned:
+        print_facts(
+            pinned,
+            f"backend {args.backend}, shell {args.shell}, {args.intents} intents per run, "
+            f"{args.repeats} repeats, seed {args.seed}",
+        )
+        url = pinned.server.url
+        for c in args.levels:
             runs: dict[str, list[float]] = {arm: [] for arm in arms}
             cpu: dict[str, list[Used]] = {arm: [] for arm in arms}
             for repeat in range(args.repeats):
                 order = list(arms)
                 rng.shuffle(order)
-                for name in order:
-                    if name == "raw":
-                        raw_timer = time_raw if args.shell == "sync" else time_raw_async
-                        timed = raw_timer(server.url, concurrency, args.intents)
-                    else:
-                        path: Path | str = (
-                            workdir / f"{name}-c{concurrency}-r{repeat}.sqlite3"
-                            if args.backend == "sqlite"
-                            else fresh_postgres(args.pg)
-                        )
-                        fill(path, server.url, args.intents)
-                        timer = {"drain": time_drain, "floor": time_floor}[name]
-                        if args.shell == "async":
-                            timer = time_drain_async
-                        try:
-                            timed = timer(path, server.url, concurrency, args.intents)
-                        finally:
-                            if args.backend == "postgres":
-                                drop_postgres(str(path))
-                    runs[name].append(timed.rate)
-                    cpu[name].append(timed.used)
-            results[concurrency] = runs
-            drain, raw = statistics.median(runs["drain"]), statistics.median(runs["raw"])
-            # Each repeat's drain over the raw of the same repeat: the spread.
-            paired = sorted(d / r for d, r in zip(runs["drain"], runs["raw"], strict=True))
-            print(
-                f"concurrency {concurrency:>2}: drain {drain:8.0f} intents/s   "
-                f"raw httpx {raw:8.0f} requests/s   ratio {drain / raw:.2f}   "
-                f"per repeat {' '.join(f'{p:.2f}' for p in paired)}"
-            )
+                for arm in order:
+                    outbox: Path | str = (
+                        pinned.workdir / f"{arm}-c{c}-r{repeat}.sqlite3"
+                        if args.backend == "sqlite"
+                        else fresh_postgres(args.pg)
+                    )
+                    timed = time_arm(arm, args, url, outbox, c)
+                    runs[arm].append(timed.rate)
+                    cpu[arm].append(timed.used)
+            results[c] = runs
+            print(f"concurrency {c}: intents/s min/median/max over the repeats")
+            for arm, rates in runs.items():
+                print(f"  {arm:<6}{Spread.of(rates).text():>28}")
+            print(f"  drain/raw {paired(runs, 'raw').text('.2f')}", end="")
             if "floor" in runs:
-                floor = statistics.median(runs["floor"])
-                to_floor = sorted(d / f for d, f in zip(runs["drain"], runs["floor"], strict=True))
                 print(
-                    f"               floor {floor:8.0f} intents/s   floor/raw {floor / raw:.2f}   "
-                    f"drain/floor {drain / floor:.2f}   "
-                    f"per repeat {' '.join(f'{p:.2f}' for p in to_floor)}"
+                    f"   drain/floor {paired(runs, 'floor').text('.2f')}   "
+                    f"floor/raw {paired(runs, 'raw', 'floor').text('.2f')}",
+                    end="",
                 )
-            print(
-                "               min/median/max: "
-                + "   ".join(f"{arm} {Spread.of(values).text()}" for arm, values in runs.items())
-            )
-            print(f"               {cpu_line(runs, cpu)}")
-
-        def against(r: dict[str, list[float]]) -> str:
-            drain = statistics.median(r["drain"])
-            text = f"x{drain / statistics.median(r['raw']):.2f} raw"
-            if "floor" in r:
-                text += f", x{drain / statistics.median(r['floor']):.2f} floor"
-            return text
-
-        summary = "  ".join(
-            f"c={c}: {statistics.median(r['drain']):.0f}/s ({against(r)})"
-            for c, r in results.items()
+            print(f"   (within each repeat)\n  {cpu_line(runs, cpu)}")
+            sys.stdout.flush()
+    parts = []
+    for c, runs in results.items():
+        part = (
+            f"c={c}: {statistics.median(runs['drain']):.0f}/s x{paired(runs, 'raw').median:.2f} raw"
         )
-        unstable = [
-            f"{arm} c={c}" for c, r in results.items() for arm in r if Spread.of(r[arm]).unstable
-        ]
-        shaky = f"; UNSTABLE: {', '.join(unstable)}" if unstable else ""
-        print(f"SUMMARY drain {args.backend} {args.shell}: {summary}{shaky}")
-    finally:
-        server.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+        if "floor" in runs:
+            part += f", x{paired(runs, 'floor').median:.2f} floor"
+        parts.append(part)
+    unstable = [
+        f"{arm} c={c}" for c, r in results.items() for arm in r if Spread.of(r[arm]).unstable
+    ]
+    print(
+        f"SUMMARY drain {args.backend} {args.shell}: {'  '.join(parts)}; "
+        f"unstable: {', '.join(unstable) or 'none'}"
+    )
     return 0
 
 
+def paired(runs: dict[str, list[float]], bottom: str, top: str = "drain") -> Spread:
+    """``top / bottom`` intents per second, within each repeat (they ran side by side)."""
+    return Spread.of(t / b for t, b in zip(runs[top], runs[bottom], strict=True))
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -2,41 +2,23 @@
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/bench_wal.py            # 3 repeats x 300 intents, ~10 s
+    python benchmarks/bench_wal.py            # 3 repeats x 300 intents, ~30 s
+    python benchmarks/bench_wal.py --intents 20 --warmup 20 --repeats 1   # a smoke run
 
 Nothing is timed: this counts what each intent writes to SQLite's write-ahead
-log, which is what a commit must get to disk (and, with ``synchronous=FULL``,
-fsync) and what a checkpoint later copies into the database file.
-
-The method, per arm and repeat, on a fresh outbox file:
-
-1. ``--warmup`` intents (untimed, uncounted) create the schema and the first
-   pages of every B-tree; anything a call left behind is committed
-   (``Client.outbox`` flushes postonce's write-behind queue).
-2. ``PRAGMA wal_checkpoint(TRUNCATE)`` from a side connection empties the
-   ``-wal`` file; the same connection then opens a read transaction and keeps
-   it open. A reader whose snapshot predates every frame stops checkpoints
-   from copying any frame back, and a WAL with readers is never restarted from
-   its start: from here on, every frame a commit writes is appended, none is
-   overwritten. (``wal_autocheckpoint`` belongs to the writer's connection,
-   which postonce owns; pinning a reader gives the same effect from outside.)
-3. ``--intents`` new intents, each one POST answered ``201`` on the first try,
-   then everything left behind is committed.
-4. The ``-wal`` file is parsed: after its 32-byte header, frames of 24 bytes
-   plus one page. A frame is one page image written by one commit; a frame
-   whose "database size after commit" field is non-zero ends a commit.
-   Frames / intents is the figure; commits / intents says how many
-   transactions an intent costs. Each frame's page number is looked up in
-   SQLite's ``dbstat`` table (when the build has it) to say which B-tree the
-   page belongs to: the per-index breakdown.
+log, what a commit must get to disk and a checkpoint later copies back. Per arm
+and repeat, on a fresh file: ``--warmup`` intents; ``wal_checkpoint(TRUNCATE)``
+empties the ``-wal`` file and a side connection keeps a read transaction open,
+so no frame is copied back or overwritten; ``--intents`` intents, each answered
+``201`` on the first try; then the ``-wal`` file is parsed (frames of 24 bytes
+plus one page; a frame with a non-zero commit-size field ends a commit) and
+each frame's page is named by its B-tree through ``dbstat``.
 
 Arms: ``postonce`` (``post_once(url, json=body)``, a call that is its own
-intent), ``postonce intent=`` (the same with a caller reference, as in
-``bench_peers``), ``floor`` and ``floor intent=`` (``benchmarks/floor.py``,
-without and with a reference). All use
+intent), ``postonce intent=`` (the same with a caller reference), ``floor``
+and ``floor intent=`` (``floor.Floor``, without and with a reference). All use
 ``--durability`` (default ``full``): it changes when pages are synced, not
-which pages are written. The loopback server is ``bench_sync``'s. The page
-size is SQLite's default (4096 bytes, as postonce leaves it).
+which pages are written. The page size is SQLite's default (4096 bytes).
 """
 
 from __future__ import annotations
@@ -45,7 +27,6 @@ import argparse
 import collections
 import itertools
 import sqlite3
-import sys
 import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
@@ -53,15 +34,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from _harness import BODY, Spread, check, pinned_server, print_facts, run_main
+from floor import Floor
 
 import postonce
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_sync import BODY, _check, pinned_server, print_facts, run_main
-from floor import Floor
-from spread import Spread
-
-TARGET_PAGES = 4.0  # issue 18: <= 4 WAL pages per first-try 2xx intent
 _WAL_HEADER = 32
 _FRAME_HEADER = 24
 
@@ -128,7 +105,7 @@ def open_arm(name: str, path: Path, url: str, durability: str) -> Arm:
 
         def floor_call() -> None:
             reference = f"order-{next(numbers)}/charge" if with_reference else None
-            _check(floor.post_once(url, BODY, reference), name)
+            check(floor.post_once(url, BODY, reference), name)
 
         def floor_close() -> None:
             floor.close()
@@ -144,7 +121,7 @@ def open_arm(name: str, path: Path, url: str, durability: str) -> Arm:
             response = client.post_once(url, json=BODY, intent=f"order-{next(numbers)}/charge")
         else:
             response = client.post_once(url, json=BODY, intent=postonce.ONE_OFF)
-        _check(response, name)
+        check(response, name)
 
     def settle() -> None:
         client.outbox  # noqa: B018 - reading the property commits the write-behind queue
@@ -184,7 +161,7 @@ def measure(name: str, path: Path, url: str, args: argparse.Namespace, result: R
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--intents", type=int, default=300, help="counted intents per repeat")
     parser.add_argument(
         "--warmup", type=int, default=1000, help="uncounted intents first (default 1000)"
@@ -205,10 +182,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     results = {name: Result() for name in ARMS}
     with pinned_server(".tmp-bench-wal-", args.dir) as pinned:
-        print_facts(pinned.workdir, pinned.cpus, pinned.pinning, pinned.server)
-        print(
+        print_facts(
+            pinned,
             f"counting: {args.repeats} repeats x {args.intents} intents (+{args.warmup} warm-up), "
-            f"durability {args.durability}, a fresh file per arm and repeat"
+            f"durability {args.durability}, a fresh file per arm and repeat",
         )
         started = time.monotonic()
         for repeat in range(args.repeats):
@@ -239,12 +216,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             for btree, count in result.by_btree.most_common()
         )
         print(f"  {name}: {parts}")
-    ours = Spread.of(results["postonce"].frames).median
-    verdict = "met" if ours <= TARGET_PAGES else "missed"
     unstable = [name for name, r in results.items() if Spread.of(r.frames).unstable]
     print(
         f"SUMMARY wal pages per first-try 2xx intent: {' '.join(summary)}; "
-        f"target postonce <= {TARGET_PAGES:.0f}: {verdict}; "
         f"unstable: {', '.join(unstable) or 'none'}"
     )
     return 0

@@ -1,57 +1,44 @@
-"""The durable floor: the least Python that does ``post_once``'s durable work.
+"""The durable floors: the least Python doing postonce's durable work, and nothing else.
 
-``post_once`` is measured against this, not only against raw httpx: raw httpx
-writes nothing down, so "x times raw" mixes what durability must cost with what
-postonce adds on top. ``Floor.post_once`` does exactly the durable work the
-design asks for and nothing else:
+Raw httpx writes nothing down, so "x raw" mixes what durability must cost with
+what postonce adds. Each floor is an arm of the benchmarks; ``postonce / floor``
+is the price of postonce's features (retries, classification, leases, horizons,
+fingerprints, secret scrubbing, senders, hooks) on the same path.
 
-1. mint a canonical UUIDv4 key;
-2. one write-ahead transaction: ``INSERT`` the intent (key, reference, method,
-   URL, request body) and commit it, with ``synchronous`` = the arm's setting
-   (``NORMAL`` or ``FULL``), before the first byte is sent (DESIGN rule 1);
-3. send it with raw httpx, the key in the ``Idempotency-Key`` header;
-4. commit the answer (status, body) with ``synchronous=NORMAL`` before
-   returning (DESIGN rule 11: an answer returned is an answer kept).
+* ``Floor`` (``bench_latency.py``, ``bench_wal.py``): mint a UUIDv4 key; commit
+  the intent (key, reference, method, URL, body) with ``synchronous`` NORMAL or
+  FULL before the first byte is sent; POST it with raw httpx and the key in
+  ``Idempotency-Key``; commit the answer (NORMAL) before returning. WAL mode, a
+  rowid table, a unique index on the key, a partial unique one on the reference.
+* ``AsyncFloor`` (``bench_async.py``): the same on an event loop, every write on
+  ONE writer thread that group-commits the writes of each loop turn.
+* ``drain_floor`` (``bench_drain.py``): claim a batch of due intents under a
+  lease in one durable transaction, send each with raw httpx, record each answer
+  fenced by the claim token, from ``concurrency`` threads.
 
-The schema is the least that keeps the lookups a client needs indexed: a rowid
-table (new rows append at its right edge, so a fat row never splits a page in
-the middle), a unique index on the key, and a unique index on the caller's
-reference holding only rows that have one (a call without ``reference`` is
-its own intent). A first-try 2xx without a reference therefore writes the
-table's last leaf and one key-index leaf ahead, and the table's leaf again
-with the answer: about three WAL pages; a reference adds one. (A first
-version keyed a ``WITHOUT ROWID`` table by the random UUID: every insert
-landed mid-tree and the page splits of ~250-byte rows cost 1.5 extra pages
-per intent; ``bench_wal.py`` measures it.)
-
-What it leaves out, on purpose: retries, classification, leases, horizons,
-fingerprints, secret scrubbing and a drain index. Those are postonce's
-features; the floor is what the durable write itself costs, so that
-``post_once / floor`` is the price of those features on the hot path.
-
-The file is WAL mode, ``isolation_level=None`` (each ``INSERT``/``UPDATE`` is
-its own transaction: one statement, one commit). With ``synchronous="FULL"``
-the write-ahead goes through a FULL connection and the answer through a
-second, NORMAL one on the same file, so no ``PRAGMA`` is switched per call.
-SQLite's automatic checkpoint (1000 pages) stays on and runs inside the call
-that crosses it, as it does for postonce: the checkpoint tail is counted.
+SQLite's automatic checkpoint stays on and runs inside the call that crosses it.
 """
 
 from __future__ import annotations
 
-import hashlib
+import asyncio
 import json
 import os
-import secrets
+import queue
 import sqlite3
+import threading
 import time
 import uuid
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import httpx
 
-__all__ = ["SCHEMA", "Floor", "SchemaFloor", "Synchronous", "open_floor"]
+__all__ = ["AsyncFloor", "Floor", "Synchronous", "drain_floor", "open_floor"]
 
 Synchronous = Literal["NORMAL", "FULL"]
 
@@ -131,152 +118,274 @@ class Floor:
         self._ahead.close()
 
 
-# -- the floor on postonce's schema ---------------------------------------------------------
+# -- async ---------------------------------------------------------------------------
 
-#: ``post_once``'s write-ahead, as its SQLite store spells it for a call with no options
-#: (every column bound, as there). ``tests/test_benchmarks.py`` holds every statement
-#: here, and the rows they leave, to what postonce executes.
-SCHEMA_INSERT = (
-    "INSERT INTO intents (reference, key, provider, method, url, headers, body, fingerprint,"
-    " state, created_at, updated_at, first_delivery_at, deadline_at, attempts, lease_owner,"
-    " lease_expires_at, claim_token, sender, origin, meta, fresh)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1)"
-)
-#: ... and its record of a first-try 2xx, fenced by the lease's token.
-SCHEMA_ANSWER = (
-    "UPDATE intents SET state = ?, last_outcome = ?, first_delivery_at = ?, due_at = ?,"
-    " lease_owner = ?, claim_token = ?, updated_at = ?, response_status = ?,"
-    " response_headers = ?, response_body = ?, response_truncated = ?, response_sha256 = ?,"
-    " attempts = 1 WHERE id = ? AND claim_token = ? AND attempts = 0"
-)
-#: ... and the sweep it runs once per ``SCHEMA_SWEEP`` new intents, in one transaction:
-#: the ended intents' leases (none of a first-try 2xx is in the lease index, so it
-#: changes no row), then the tail's rows still sending, then the watermark.
-SCHEMA_SWEEP_ENDED = (
-    "UPDATE intents SET lease_expires_at = NULL WHERE id IN ({marks})"
-    " AND lease_expires_at IS NOT NULL AND fresh IS NULL"
-    " AND state IN ('cancelled', 'expired', 'failed', 'indeterminate', 'succeeded')"
-    " AND lease_owner IS NULL"
-)
-SCHEMA_SWEEP_TAIL = (
-    "UPDATE intents SET fresh = NULL WHERE id > coalesce((SELECT upto FROM intents_swept), 0)"
-    " AND fresh IS NOT NULL AND state = 'sending'",
-    "UPDATE intents_swept SET upto = (SELECT coalesce(max(id), 0) FROM intents)"
-    " WHERE upto < (SELECT coalesce(max(id), 0) FROM intents)",
-)
-SCHEMA_SWEEP = 32
+_ASYNC_INSERT = "INSERT INTO intents (key, method, url, body) VALUES (?, 'POST', ?, ?)"
+
+# (statement, parameters, write-ahead?, the caller's future)
+_Write = tuple[str, tuple[Any, ...], bool, "asyncio.Future[int]"]
+# one loop turn's writes, and the loop to wake
+_Turn = tuple[asyncio.AbstractEventLoop, list[_Write]]
 
 
-class SchemaFloor:
-    """The floor's Python doing ``post_once``'s SQL on ``post_once``'s own outbox schema.
+def _settle(batch: list[_Write], results: list[int | BaseException]) -> None:
+    for (_, _, _, future), result in zip(batch, results, strict=True):
+        if future.done():  # the caller was cancelled meanwhile
+            continue
+        if isinstance(result, BaseException):
+            future.set_exception(result)
+        else:
+            future.set_result(result)
 
-    It splits ``post_once``'s cost over the floor in two. ``SchemaFloor / Floor`` is
-    what postonce's stored row costs: the columns a drain, a lease, a sender and a
-    settlement need, their indexes and triggers, and the values they hold (the
-    request's fingerprint, the answer's digest). ``post_once / SchemaFloor`` is
-    what the rest of postonce costs on top: planning, the flow, classification,
-    hooks, and the store's Python around its statements.
 
-    Each call does the least that fills those columns: a UUIDv4 key (also the
-    reference, as for a call with no ``intent=``) and compact JSON, as the floor
-    makes them; the SHA-256 of canonical JSON as the fingerprint and a lease
-    token; the write-ahead ``INSERT``; the send; the answer's ``UPDATE`` (its
-    headers, less the transport's, as JSON, its body and SHA-256), fenced by the
-    token; and the store's sweep once per ``SCHEMA_SWEEP`` ended intents. The
-    values have the lengths postonce's have: its lease owner and sender string
-    (read once from a client on the same file), and the URL's origin.
+class AsyncFloor:
+    """``Floor`` on an event loop: writes group-committed per loop turn on one writer thread.
 
-    Its writes go through one connection as the store's do, ``synchronous``
-    switched as the store switches it: with ``FULL``, to ``FULL`` before the
-    write-ahead and back to ``NORMAL`` before the answer (two ``PRAGMA``
-    statements a call), never with ``NORMAL``. Not a correct client: nothing is
-    checked but that each statement wrote its row.
+    A transaction holding a write-ahead commits with the arm's ``synchronous``, one
+    of answers alone with NORMAL. ``batches`` and ``writes`` count transactions and
+    the writes in them. It serves one event loop.
     """
 
-    def __init__(self, path: Path, synchronous: Synchronous, http: httpx.Client) -> None:
-        import postonce  # to lay out its schema and read its identities: nothing per call
-
-        with postonce.Client(outbox=path) as client:
-            client.outbox  # noqa: B018  # opening the outbox migrates the file
-            self._owner, self._sender = client.owner, client.sender
+    def __init__(self, path: Path, synchronous: Synchronous, http: httpx.AsyncClient) -> None:
         self.synchronous = synchronous
         self.http = http
-        self._conn = _connect(path, "NORMAL")
+        self._conn = open_floor(path, "NORMAL")
         self._sync: str = "NORMAL"
-        self._origins: dict[str, str] = {}
-        self._ended: list[int] = []
-        self._sweep_ended = SCHEMA_SWEEP_ENDED.format(marks=", ".join("?" * SCHEMA_SWEEP))
+        self._pending: list[_Write] = []  # this loop turn's writes, not yet handed over
+        self._queue: queue.SimpleQueue[_Turn | None] = queue.SimpleQueue()
+        self.batches = 0  # transactions committed: group commit at work when < writes
+        self.writes = 0
+        self._writer = threading.Thread(target=self._write_loop, name="floor-writer", daemon=True)
+        self._writer.start()
 
-    def _synced(self, wanted: str) -> sqlite3.Connection:
-        if wanted != self._sync:
-            self._conn.execute(f"PRAGMA synchronous = {wanted}")
-            self._sync = wanted
-        return self._conn
-
-    def post_once(self, url: str, body: Any) -> httpx.Response:
-        """POST ``body`` as JSON to ``url``, as ``post_once`` would store and record it."""
+    async def post_once(self, url: str, body: Any) -> httpx.Response:
+        """POST ``body`` as JSON to ``url`` once (each call is its own intent)."""
         key = str(uuid.uuid4())
         content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
-        fingerprint = hashlib.sha256(_FINGERPRINTED + _CANONICAL.encode(body).encode()).hexdigest()
-        now, token = time.time(), secrets.token_hex(12)
-        origin = self._origins.get(url) or self._origin(url)
-        row = self._synced(self.synchronous).execute(
-            SCHEMA_INSERT,
-            (
-                key, key, "ietf_draft", "POST", url, _JSON_HEADERS, content, fingerprint,
-                "sending", now, now, now, None, 0, self._owner, now + 15.0, token,
-                self._sender, origin, None,
-            ),
-        ).lastrowid  # fmt: skip
-        if row is None:
-            raise RuntimeError("the write-ahead wrote no row")
-        response = self.http.post(
+        row = await self._write(_ASYNC_INSERT, (key, url, content), ahead=True)
+        response = await self.http.post(
             url,
             content=content,
             headers={"Content-Type": "application/json", "Idempotency-Key": key},
         )
-        answer = response.content
-        kept = [[n, v] for n, v in response.headers.multi_items() if n not in _NOT_KEPT]
-        recorded = self._synced("NORMAL").execute(
-            SCHEMA_ANSWER,
-            (
-                "succeeded", "final", now, None, None, None, time.time(),
-                response.status_code, _COMPACT.encode(kept), answer, 0,
-                hashlib.sha256(answer).hexdigest(), row, token,
-            ),
-        )  # fmt: skip
-        if recorded.rowcount != 1:
-            raise RuntimeError("the answer's record matched no row")
-        self._ended.append(row)
-        if len(self._ended) >= SCHEMA_SWEEP:
-            self._conn.execute("BEGIN IMMEDIATE")
-            self._conn.execute(self._sweep_ended, self._ended)
-            for statement in SCHEMA_SWEEP_TAIL:
-                self._conn.execute(statement)
-            self._conn.execute("COMMIT")
-            self._ended = []
+        await self._write(_ANSWER, (response.status_code, response.content, row), ahead=False)
         return response
 
-    def _origin(self, url: str) -> str:
-        parsed = httpx.URL(url)
-        origin = f"{parsed.scheme}://{parsed.host}" + (f":{parsed.port}" if parsed.port else "")
-        self._origins[url] = origin
-        return origin
+    def _write(self, sql: str, params: tuple[Any, ...], *, ahead: bool) -> asyncio.Future[int]:
+        """Queue a write; this loop turn's writes reach the writer together, at the turn's end."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[int] = loop.create_future()
+        self._pending.append((sql, params, ahead, future))
+        if len(self._pending) == 1:
+            loop.call_soon(self._hand_over, loop)
+        return future
+
+    def _hand_over(self, loop: asyncio.AbstractEventLoop) -> None:
+        turn, self._pending = self._pending, []
+        self._queue.put((loop, turn))
+
+    def _write_loop(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            turns = [first]
+            stop = False
+            while True:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    stop = True
+                    break
+                turns.append(more)
+            batch = [write for _, writes in turns for write in writes]
+            results = self._commit(batch)
+            self.batches += 1
+            self.writes += len(batch)
+            # One wake-up per turn handed over (the floor runs on one loop).
+            at = 0
+            for loop, writes in turns:
+                loop.call_soon_threadsafe(_settle, writes, results[at : at + len(writes)])
+                at += len(writes)
+            if stop:
+                return
+
+    def _commit(self, batch: list[_Write]) -> list[int | BaseException]:
+        """Run ``batch`` in one transaction, FULL if it holds a write-ahead; one result each."""
+        conn = self._conn
+        wanted = self.synchronous if any(write[2] for write in batch) else "NORMAL"
+        results: list[int | BaseException] = []
+        try:
+            if wanted != self._sync:
+                conn.execute(f"PRAGMA synchronous = {wanted}")
+                self._sync = wanted
+            conn.execute("BEGIN IMMEDIATE")
+            for sql, params, _, _ in batch:
+                try:
+                    results.append(conn.execute(sql, params).lastrowid or 0)
+                except sqlite3.Error as exc:  # that statement alone is undone
+                    results.append(exc)
+            conn.execute("COMMIT")
+        except BaseException as exc:  # the batch fails as one; never a waiter left hanging
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            return [RuntimeError(f"the floor's commit failed: {exc!r}") for _ in batch]
+        return results
 
     def close(self) -> None:
+        self._queue.put(None)
+        self._writer.join()
         self._conn.close()
 
 
-_JSON_HEADERS = '[["content-type","application/json"]]'
-#: Made once, as postonce's are (``json.dumps`` with options makes an encoder a call).
-_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-_CANONICAL = json.JSONEncoder(
-    sort_keys=True, ensure_ascii=False, separators=(",", ":"), allow_nan=False
+# -- the drain floor -------------------------------------------------------------------
+
+BATCH = 64
+LEASE_SECONDS = 15.0
+
+_CLAIM = (
+    "SELECT id, key, url, body FROM {t} WHERE state = 'sending' AND lease_expires_at <= {p}"
+    " ORDER BY lease_expires_at, id LIMIT {p}"
 )
-#: What postonce hashes before the body (method, target, kind), for the benchmarks'
-#: one target: the cost is the hashing, whatever the path.
-_FINGERPRINTED = b"POST\n/v1/charges\njson\n"
-#: The answer's headers the outbox does not keep (httpx gives names in lower case).
-_NOT_KEPT = frozenset(
-    {"content-encoding", "content-length", "transfer-encoding", "set-cookie", "connection"}
+_TAKE = (
+    "UPDATE {t} SET lease_owner = {p}, lease_expires_at = {p}, claim_token = {p}"
+    " WHERE id IN ({ids})"
 )
+_RECORD = (
+    "UPDATE {t} SET state = 'succeeded', response_status = {p}, response_body = {p},"
+    " lease_owner = NULL, lease_expires_at = NULL, claim_token = NULL, attempts = attempts + 1"
+    " WHERE id = {p} AND claim_token = {p}"
+)
+
+Row = tuple[int, str, str, bytes, str]  # id, key, url, body, the claim's token
+Claim = Callable[[], list[Row]]
+Record = Callable[[int, bytes, int, str], bool]
+
+
+def drain_floor(outbox: str, http: httpx.Client, concurrency: int) -> int:
+    """Drain every due intent of ``outbox`` (a SQLite path or ``postgresql://…?schema=``).
+
+    Returns how many it finished.
+    """
+    if outbox.startswith(("postgresql://", "postgres://")):
+        claim, record, close = _postgres(outbox)
+    else:
+        claim, record, close = _sqlite(outbox)
+    queue: deque[Row] = deque()
+    lock = threading.Lock()
+    done = [0]
+
+    def next_row() -> Row | None:
+        with lock:
+            if not queue:
+                queue.extend(claim())
+            return queue.popleft() if queue else None
+
+    def work(_: int) -> None:
+        sent = 0
+        while (row := next_row()) is not None:
+            intent_id, key, url, body, token = row
+            response = http.post(
+                url,
+                content=body,
+                headers={"content-type": "application/json", "Idempotency-Key": key},
+            )
+            if not 200 <= response.status_code < 300:
+                raise RuntimeError(f"the floor got {response.status_code}")
+            if not record(response.status_code, response.content, intent_id, token):
+                raise RuntimeError(f"intent {intent_id} was taken over")
+            sent += 1
+        with lock:
+            done[0] += sent
+
+    try:
+        if concurrency == 1:
+            work(0)
+        else:
+            with ThreadPoolExecutor(concurrency) as pool:
+                list(pool.map(work, range(concurrency)))
+    finally:
+        close()
+    return done[0]
+
+
+def _postgres(outbox: str) -> tuple[Claim, Record, Callable[[], None]]:
+    import psycopg
+
+    parts = urlsplit(outbox)
+    schema = parse_qs(parts.query)["schema"][0]
+    url = urlunsplit(parts._replace(query=""))
+    table = '"' + schema.replace('"', '""') + '".intents'
+    claimer = psycopg.connect(url, autocommit=True)
+    local = threading.local()
+    opened: list[psycopg.Connection[Any]] = [claimer]
+    claim_sql = _CLAIM.format(t=table, p="%s") + " FOR UPDATE SKIP LOCKED"
+    take_sql = _TAKE.format(t=table, p="%s", ids="SELECT unnest(%s::bigint[])")
+    record_sql = _RECORD.format(t=table, p="%s")
+
+    def claim() -> list[Row]:
+        now, token = time.time(), os.urandom(12).hex()
+        with claimer.transaction():
+            claimer.execute("SET LOCAL synchronous_commit = on")  # durable, as postonce's claim
+            rows = claimer.execute(claim_sql, (now, BATCH)).fetchall()
+            if rows:
+                ids = [row[0] for row in rows]
+                claimer.execute(take_sql, ("floor", now + LEASE_SECONDS, token, ids))
+        return [(int(i), str(k), str(u), bytes(b), token) for i, k, u, b in rows]
+
+    def record(status: int, body: bytes, intent_id: int, token: str) -> bool:
+        conn = getattr(local, "conn", None)
+        if conn is None:
+            conn = local.conn = psycopg.connect(url, autocommit=True)
+            conn.execute("SET synchronous_commit = off")  # as postonce's record of a 2xx
+            opened.append(conn)
+        return conn.execute(record_sql, (status, body, intent_id, token)).rowcount == 1
+
+    def close() -> None:
+        for conn in opened:
+            conn.close()
+
+    return claim, record, close
+
+
+def _sqlite(path: str) -> tuple[Claim, Record, Callable[[], None]]:
+    def connect(synchronous: str) -> sqlite3.Connection:
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=5.0)
+        conn.execute(f"PRAGMA synchronous = {synchronous}")
+        return conn
+
+    claimer, recorder = connect("FULL"), connect("NORMAL")
+    lock = threading.Lock()  # one writer at a time, as in postonce's SQLite store
+    claim_sql = _CLAIM.format(t="intents", p="?")
+    record_sql = _RECORD.format(t="intents", p="?")
+
+    def claim() -> list[Row]:
+        now, token = time.time(), os.urandom(12).hex()
+        with lock:
+            claimer.execute("BEGIN IMMEDIATE")
+            try:
+                rows = claimer.execute(claim_sql, (now, BATCH)).fetchall()
+                if rows:
+                    marks = ", ".join("?" for _ in rows)
+                    claimer.execute(
+                        _TAKE.format(t="intents", p="?", ids=marks),
+                        ("floor", now + LEASE_SECONDS, token, *(row[0] for row in rows)),
+                    )
+                claimer.execute("COMMIT")
+            except BaseException:
+                claimer.execute("ROLLBACK")
+                raise
+        return [(int(i), str(k), str(u), bytes(b), token) for i, k, u, b in rows]
+
+    def record(status: int, body: bytes, intent_id: int, token: str) -> bool:
+        with lock:
+            cursor = recorder.execute(record_sql, (status, body, intent_id, token))
+            return cursor.rowcount == 1
+
+    def close() -> None:
+        claimer.close()
+        recorder.close()
+
+    return claim, record, close

@@ -1,55 +1,27 @@
-"""Async throughput: ``AsyncClient.post_once`` against raw ``httpx.AsyncClient.post``.
+"""Async throughput: ``AsyncClient.post_once`` against raw httpx and the async floor.
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/async_throughput.py          # c=16,64, 3 repeats, ~2-3 min
+    python benchmarks/bench_async.py                     # c=16,64, 3 repeats, ~2 min
+    python benchmarks/bench_async.py --requests 100 --warmup 10 --repeats 1   # a smoke run
 
-Candidates, each timed as requests per second (N requests / elapsed seconds):
+Arms, each timed as requests per second (N requests / elapsed seconds), from C
+concurrent tasks pulling from one shared counter after an untimed warm-up:
 
-* ``raw``: ``httpx.AsyncClient.post(url, json=body, headers={"Idempotency-Key": uuid4})``;
-* ``floor``: ``async_floor.AsyncFloor(synchronous="FULL").post_once(url, body)``: the
-  same durable work with none of postonce's features: a FULL write-ahead commit,
-  group-committed per loop turn on one writer thread as postonce's are, the
-  POST, and the commit of the answer;
-* ``postonce``: ``postonce.AsyncClient(durability="full").post_once(url, json=body,
-  intent=postonce.ONE_OFF)``, a new intent per call: one group-committed FULL write-ahead
-  commit on the outbox's writer thread, the POST, and the commit of the answer.
+* ``raw``: ``httpx.AsyncClient.post`` with a fresh ``Idempotency-Key``;
+* ``floor``: ``floor.AsyncFloor`` (FULL), the same durable work with no feature;
+* ``postonce``: ``postonce.AsyncClient(durability="full").post_once(...)``,
+  a new intent per call, group-committed on the outbox's writer thread;
 
-both over two httpx transports: httpx's own (``httpx.AsyncClient(limits=...)``)
-and ``httpx_aiohttp.AiohttpTransport(limits=...)``, with
-``max_connections = max_keepalive_connections = C``.
-
-Each candidate run sends N requests from C concurrent tasks (an anyio task
-group whose C workers pull from one shared counter), after an untimed warm-up
-on the same client. Every run gets a fresh httpx client and, for postonce and
-the floor, a fresh outbox in a fresh directory. Runs are interleaved: for each repeat and
-each concurrency level, the six candidates run in an order shuffled by a
-seeded RNG, so drift hits all of them alike.
-
-The table shows, per level and transport, raw's, the floor's and postonce's
-req/s as min/median/max over the repeats (``UNSTABLE`` when they differ by
-more than 30%), and postonce/raw, floor/raw and postonce/floor computed within
-each repeat. It then checks the raw
-arm itself: if raw at the highest level falls below 0.8x raw at the lowest,
-it is FLAGGED, because its own pool is the limit (httpcore's pool on httpx's
-default transport collapses at c=64 on this loopback server) and a ratio
-against it says nothing about postonce; the best level of each is compared
-instead. Nothing is ever called "faster than raw". ``calls/batch`` (postonce's
-writer thread) and ``floor w/batch`` over the last timed run of each show
-their group commits side by side: a floor that batched less would pay more
-fsyncs and flatter postonce.
-
-The server is ``bench_sync.py``'s raw asyncio HTTP/1.1 keep-alive server in
-its own process, pinned to the second available CPU; this process pins itself
-to the first. The server is stopped at the end, on Ctrl-C and on errors; every
-run is bounded by ``--run-timeout``. A run that raises (a transport error, the
-timeout) loses only itself: it is printed as ``FAILED``, left out of every
-figure (its repeat's ratios with it) and listed at the end, and the SUMMARY
-counts the failed runs; raw's runs failing at the top level flag its collapse.
-An arm with no finished run shows ``nan``, its target ``not measured``, and the
-script exits 1. Any other error (the script's own bug) is raised. The outboxes live under a fresh
-``.tmp-async-*`` directory in ``benchmarks/`` (``--dir`` picks another parent),
-deleted at the end. Nothing is asserted about the timings: the script only prints.
+each on httpx's own transport and on ``httpx_aiohttp.AiohttpTransport``, with
+``max_connections = max_keepalive_connections = C``. Every run gets a fresh
+client and outbox; the six arms run in a seeded shuffled order per repeat and
+level. Ratios are taken within each repeat. Raw at the highest level below
+0.8x raw at the lowest is FLAGGED: its own pool is the limit (httpx's default
+pool collapses at c=64 on loopback), and the best levels are compared instead.
+A run that raises (a transport error, ``--run-timeout``) loses only itself: it is
+printed ``FAILED``, left out of every figure and counted in the SUMMARY; an arm
+with no finished run shows ``nan`` and the script exits 1.
 """
 
 from __future__ import annotations
@@ -58,12 +30,7 @@ import argparse
 import asyncio
 import gc
 import math
-import os
-import platform
 import random
-import shlex
-import sqlite3
-import sys
 import tempfile
 import time
 import uuid
@@ -76,21 +43,26 @@ from typing import Literal
 import aiohttp
 import anyio
 import httpx
+from _harness import (
+    BODY,
+    Spread,
+    check,
+    common_args,
+    finished,
+    pinned_server,
+    print_facts,
+    run_main,
+)
+from floor import AsyncFloor
 from httpx_aiohttp import AiohttpTransport
 
 import postonce
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from async_floor import AsyncFloor
-from bench_sync import BODY, ServerProcess, filesystem_of, pinned_server, run_main
-from spread import Spread, verdict
 
 Kind = Literal["raw", "floor", "postonce"]
 TransportName = Literal["default", "aiohttp"]
 
 KINDS: tuple[Kind, ...] = ("raw", "floor", "postonce")
 TRANSPORTS: tuple[TransportName, ...] = ("default", "aiohttp")
-_RAM_FILESYSTEMS = frozenset({"tmpfs", "ramfs", "devtmpfs"})
 
 
 @dataclass(frozen=True)
@@ -156,12 +128,6 @@ def run_failure(error: BaseException) -> bool:
     return isinstance(error, RUN_FAILURES)
 
 
-def _kept(values: Iterable[float]) -> Spread:
-    """The spread of the runs that finished (NaN, shown as nan, if none did)."""
-    finished = [v for v in values if not math.isnan(v)]
-    return Spread.of(finished or [math.nan])
-
-
 # -- one candidate run -------------------------------------------------------------
 
 
@@ -170,11 +136,6 @@ def make_http(transport: TransportName, concurrency: int) -> httpx.AsyncClient:
     if transport == "aiohttp":
         return httpx.AsyncClient(transport=AiohttpTransport(limits=limits))
     return httpx.AsyncClient(limits=limits)
-
-
-def _check(response: httpx.Response, who: str) -> None:
-    if response.status_code != 201:
-        raise RuntimeError(f"{who}: expected 201 from the loopback server, got {response}")
 
 
 async def pool(call: Callable[[], Awaitable[None]], requests: int, concurrency: int) -> None:
@@ -222,7 +183,7 @@ async def run_candidate(
                 response = await http.post(
                     url, json=BODY, headers={"Idempotency-Key": str(uuid.uuid4())}
                 )
-                _check(response, who)
+                check(response, who)
 
             call = raw_call
         elif candidate.kind == "floor":
@@ -232,7 +193,7 @@ async def run_candidate(
             floor = made = AsyncFloor(floordir / "floor.sqlite3", "FULL", http)
 
             async def floor_call() -> None:
-                _check(await made.post_once(url, BODY), who)
+                check(await made.post_once(url, BODY), who)
 
             call = floor_call
         else:
@@ -243,7 +204,7 @@ async def run_candidate(
             client = once
 
             async def postonce_call() -> None:
-                _check(await once.post_once(url, json=BODY, intent=postonce.ONE_OFF), who)
+                check(await once.post_once(url, json=BODY, intent=postonce.ONE_OFF), who)
 
             call = postonce_call
         if warmup:
@@ -299,49 +260,11 @@ async def run_all(
 # -- output ------------------------------------------------------------------------
 
 
-def _version(dist: str) -> str:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return "?"
-
-
-def print_facts(
-    args: argparse.Namespace,
-    workdir: Path,
-    cpus: Sequence[int],
-    pinning: str,
-    server: ServerProcess,
-) -> None:
-    fstype, mount = filesystem_of(workdir)
-    print(f"command: {shlex.join([sys.executable, *sys.argv])}")
-    print(f"python: {sys.version.split()[0]} ({platform.python_implementation()})")
-    print(f"platform: {platform.platform()}")
-    print(f"cpus: {os.cpu_count()} (available before pinning: {list(cpus)})")
-    print(f"pinning: {pinning}")
-    print(f"sqlite: {sqlite3.sqlite_version}")
-    print(
-        f"postonce: {postonce.__version__}  httpx: {httpx.__version__}  "
-        f"aiohttp: {aiohttp.__version__}  httpx-aiohttp: {_version('httpx-aiohttp')}  "
-        f"anyio: {_version('anyio')}"
-    )
-    print(f"outbox dir: {workdir} on {fstype} (mount {mount})")
-    if fstype in _RAM_FILESYSTEMS:
-        print("WARNING: the outbox dir is on a RAM filesystem: fsync is free, FULL means nothing")
-    print(f"server: bench_sync raw asyncio HTTP/1.1 keep-alive, pid {server.pid}, {server.url}")
-    print(
-        f"runs: {args.requests} timed requests (+{args.warmup} warm-up) per candidate run, "
-        f"{args.repeats} repeats, seed {args.seed}, event loop: asyncio"
-    )
-    sys.stdout.flush()
-
-
-AIOHTTP_TARGET = 0.75  # issue 18: postonce >= 0.75x raw on httpx-aiohttp at c=64
 COLLAPSE = 0.8  # raw below 0.8x its own rate at a lower concurrency: its pool is the limit
 
 
 def rates(results: Results, concurrency: int, kind: Kind, transport: TransportName) -> Spread:
-    return _kept(results.rates[(concurrency, Candidate(kind, transport))])
+    return finished(results.rates[(concurrency, Candidate(kind, transport))])
 
 
 def ratio_spread(
@@ -354,19 +277,13 @@ def ratio_spread(
     """``kind`` / ``against`` throughput, computed within each repeat (they ran side by side)."""
     top = results.rates[(concurrency, Candidate(kind, transport))]
     bottom = results.rates[(concurrency, Candidate(against, transport))]
-    return _kept(t / b for t, b in zip(top, bottom, strict=True))  # a failed run's is NaN
+    return finished(t / b for t, b in zip(top, bottom, strict=True))  # a failed run's is NaN
 
 
 def _best(medians: Iterable[float]) -> float:
     """The highest of the medians that are figures (NaN when none is)."""
     figures = [median for median in medians if not math.isnan(median)]
     return max(figures) if figures else math.nan
-
-
-def _target_verdict(aio: Spread) -> str:
-    if math.isnan(aio.median):
-        return "not measured: no repeat finished both arms"
-    return verdict(aio.median >= AIOHTTP_TARGET, aio)
 
 
 def report(results: Results, levels: Sequence[int]) -> None:
@@ -395,7 +312,7 @@ def report(results: Results, levels: Sequence[int]) -> None:
             )
     print(
         "(req/s: min/median/max over the repeats, UNSTABLE when they differ by > 30%; ratios "
-        "computed within each repeat; floor: async_floor.py, the same FULL write-ahead and "
+        "computed within each repeat; floor: floor.AsyncFloor, the same FULL write-ahead and "
         "answer commits, group-committed as postonce's, with no other feature; calls/batch "
         "and floor w/batch: store calls per transaction in the last run of each)"
     )
@@ -433,8 +350,8 @@ def report(results: Results, levels: Sequence[int]) -> None:
     aio = ratio_spread(results, top, "aiohttp")
     aio_floor = ratio_spread(results, top, "aiohttp", "floor")
     print(
-        f"httpx-aiohttp c={top}: postonce/raw {aio.text('.2f')} "
-        f"(target >= {AIOHTTP_TARGET:.2f}: {_target_verdict(aio)}); "
+        f"httpx-aiohttp c={top}: postonce/raw {aio.text('.2f')}"
+        f"{' (not measured: no repeat finished both arms)' if math.isnan(aio.median) else ''}; "
         f"the floor itself reaches {aio_floor.text('.2f')} of raw"
     )
     unstable = [
@@ -469,22 +386,14 @@ def report(results: Results, levels: Sequence[int]) -> None:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--concurrency", default="16,64", help="comma-separated (default 16,64)")
     parser.add_argument("--requests", type=int, default=1500, help="timed requests per run")
     parser.add_argument("--warmup", type=int, default=200, help="untimed requests before each run")
-    parser.add_argument("--repeats", type=int, default=3, help="repeats (default 3)")
-    parser.add_argument("--seed", type=int, default=12345, help="seed of the candidate order")
     parser.add_argument(
         "--run-timeout", type=float, default=120.0, help="seconds one candidate run may take"
     )
-    parser.add_argument(
-        "--dir",
-        type=Path,
-        default=None,
-        help="parent directory for the outboxes (a fresh subdirectory is made and removed); "
-        "default: the benchmarks/ directory",
-    )
+    common_args(parser)
     args = parser.parse_args(argv)
     try:
         args.levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
@@ -501,10 +410,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     levels: list[int] = args.levels
     with pinned_server(".tmp-async-", args.dir) as pinned:
-        workdir, server = pinned.workdir, pinned.server
-        print_facts(args, workdir, pinned.cpus, pinned.pinning, server)
+        print_facts(
+            pinned,
+            f"aiohttp {aiohttp.__version__}, httpx-aiohttp {metadata.version('httpx-aiohttp')}",
+            f"{args.requests} timed requests (+{args.warmup} warm-up) per run, "
+            f"{args.repeats} repeats, seed {args.seed}, event loop: asyncio",
+        )
         started = time.monotonic()
-        results = asyncio.run(run_all(args, levels, server.url, workdir))
+        results = asyncio.run(run_all(args, levels, pinned.server.url, pinned.workdir))
         print(f"measured in {time.monotonic() - started:.1f} s")
         report(results, levels)
     return 1 if results.empty() else 0  # an arm with no figure at all: the run failed
