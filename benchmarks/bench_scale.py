@@ -253,8 +253,14 @@ def measure(
     try:
 
         def claim(n: int) -> None:
+            # As a drain claims: its own sender's intents, to its own origins.
             claimed = store.claim_due(
-                owner=OWNER, now=time.time(), limit=args.limit, lease_for=120.0
+                owner=OWNER,
+                now=time.time(),
+                limit=args.limit,
+                lease_for=120.0,
+                sender=sender_of(url),
+                origins=[origin_of(url)],
             )
             if len(claimed) != min(args.limit, due):
                 raise RuntimeError(f"claimed {len(claimed)} of {min(args.limit, due)}")
