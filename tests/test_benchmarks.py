@@ -11,6 +11,7 @@ import asyncio
 import math
 import random
 import sqlite3
+import subprocess
 import sys
 import threading
 import time
@@ -308,3 +309,42 @@ def test_the_drain_floor_drains_what_the_drain_benchmark_fills(tmp_path: Path) -
     finally:
         conn.close()
     assert states == [("succeeded", 5)]
+
+
+# -- every script runs, in a tiny quick mode, so none can rot -----------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+PG = "postgresql://postgres@127.0.0.1:5432/test"
+
+#: Each script with counts small enough for the suite: it must run to its SUMMARY line.
+SMOKE = {
+    "latency": ["bench_latency.py", "--rounds", "3", "--warmup", "2", "--repeats", "1",
+                "--no-peers"],
+    "async": ["bench_async.py", "--requests", "64", "--warmup", "8", "--repeats", "1",
+              "--concurrency", "8"],
+    "drain-sqlite": ["bench_drain.py", "--intents", "60", "--repeats", "1", "--concurrency", "2"],
+    "drain-postgres": ["bench_drain.py", "--intents", "60", "--repeats", "1", "--concurrency",
+                       "2", "--backend", "postgres", "--pg", PG],
+    "drain-async": ["bench_drain.py", "--intents", "60", "--repeats", "1", "--concurrency", "2",
+                    "--shell", "async"],
+    "scale": ["bench_scale.py", "--sizes", "2k,4k", "--due", "100", "--backlogs", "100,400",
+              "--backlog-rows", "2k", "--samples", "20", "--claim-samples", "5"],
+    "wal": ["bench_wal.py", "--intents", "40", "--warmup", "10", "--repeats", "1"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(SMOKE))
+def test_every_benchmark_script_runs_in_a_quick_mode(name: str, tmp_path: Path) -> None:
+    """Loopback only, bounded in count and time; what it prints is not judged, only that it
+    runs to its SUMMARY line (a script whose API calls went stale fails here)."""
+    script, *args = SMOKE[name]
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), *args, "--dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "SUMMARY" in done.stdout, done.stdout[-3000:]
