@@ -252,15 +252,17 @@ def measure(
     ops: dict[str, list[float]] = {}
     try:
 
+        # As a drain claims: its own sender's intents, to its own origins.
+        sender, origins = sender_of(url), [origin_of(url)]
+
         def claim(n: int) -> None:
-            # As a drain claims: its own sender's intents, to its own origins.
             claimed = store.claim_due(
                 owner=OWNER,
                 now=time.time(),
                 limit=args.limit,
                 lease_for=120.0,
-                sender=sender_of(url),
-                origins=[origin_of(url)],
+                sender=sender,
+                origins=origins,
             )
             if len(claimed) != min(args.limit, due):
                 raise RuntimeError(f"claimed {len(claimed)} of {min(args.limit, due)}")
