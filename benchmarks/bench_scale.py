@@ -251,7 +251,6 @@ def measure(
     store = open_store(spec)
     ops: dict[str, list[float]] = {}
     try:
-
         # As a drain claims: its own sender's intents, to its own origins.
         sender, origins = sender_of(url), [origin_of(url)]
 
