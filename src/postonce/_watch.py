@@ -67,17 +67,22 @@ def _classes(lib: ModuleType) -> tuple[type, type]:
 
 
 def watched(lib: ModuleType, request: Any, body: bytes) -> tuple[Any, Watch]:
-    """``request`` itself, its body now behind a :class:`Watch`; and the watch.
+    """``request`` built again as a watched request, its body behind a :class:`Watch`; and
+    the watch.
 
-    The request is changed in place, not built again: its headers (with
-    Content-Length) and extensions (timeouts) stay its own. Its stream becomes
-    the watch and its read copy of the body goes, so no transport can take the
-    body without the watch seeing.
+    Built from the request's own method, URL, headers (with Content-Length) and
+    extensions (timeouts); only its body changes: a stream that is the watch,
+    with no read copy beside it, so no transport can take the body without the
+    watch seeing.
     """
     stream_type, request_type = _classes(lib)
     watch: Watch = stream_type(body)
-    request.stream = watch
-    request.__dict__.pop("_content", None)
-    request.__class__ = request_type
-    request.postonce_watch = watch
-    return request, watch
+    made = request_type(
+        request.method,
+        request.url,
+        headers=request.headers,
+        stream=watch,
+        extensions=request.extensions,
+    )
+    made.postonce_watch = watch
+    return made, watch
