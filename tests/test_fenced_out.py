@@ -257,3 +257,43 @@ def test_a_sigstopped_sender_returns_the_answer_the_outbox_holds(
             os.kill(worker.pid, signal.SIGCONT)
             worker.kill()
     assert out.split() == ["returned", "201"]
+
+
+@pytest.mark.parametrize(
+    ("outbox_holds", "expected"),
+    [
+        pytest.param(stored(State.SUCCEEDED, 201), 201, id="the-drain-charged"),
+        pytest.param(stored(State.PENDING, None), IntentPending, id="still-under-way"),
+    ],
+)
+def test_a_stall_past_the_deadline_is_not_told_cancelled_when_another_worker_took_over(
+    outbox_holds: IntentRecord, expected: Any
+) -> None:
+    """A send that never left, a retry slept past the lease and the deadline: the settle as
+    cancelled is refused (a drain took the intent over). Before: IntentCancelled, though the
+    drain's send was executed; now the outbox's answer, or IntentPending."""
+    now = [NOW]
+    stalled = replace(sender("checkout"), clock=lambda: now[0], policy=RetryPolicy(timeout=None))
+    flow = run(stalled, new("checkout")._replace(deadline_at=NOW + 30.0))
+    next(flow)
+    effect = flow.send(claimed("checkout", deadline_at=NOW + 30.0))
+    assert isinstance(effect, Send)
+    effect = flow.throw(httpx.ConnectError("refused", request=effect.request))  # never sent
+    assert isinstance(effect, StoreCall)
+    assert effect.method == "record"
+    effect = flow.send(True)
+    assert isinstance(effect, Sleep)
+    now[0] = NOW + 100.0  # frozen well past its lease and its deadline
+    effect = flow.send(None)
+    assert isinstance(effect, StoreCall)
+    assert effect.method == "settle"
+    effect = flow.send(False)  # refused: another worker holds the intent
+    assert isinstance(effect, StoreCall)
+    assert effect.method == "get"
+    if isinstance(expected, type):
+        with pytest.raises(expected):
+            flow.send(outbox_holds)
+    else:
+        with pytest.raises(StopIteration) as done:
+            flow.send(outbox_holds)
+        assert done.value.value.status_code == expected

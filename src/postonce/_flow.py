@@ -560,10 +560,14 @@ def _gate(sender: Sender, record: IntentRecord, anchor: float | None) -> Step | 
 
 
 def _stopped(
-    sender: Sender, record: IntentRecord, lease: Lease, stop: Step
-) -> Generator[Effect, Any, None]:
-    """Settle the intent as the gate's ``stop`` says, and raise its error."""
-    yield StoreCall(
+    sender: Sender, record: IntentRecord, lease: Lease, stop: Step, *, foreground: bool
+) -> Generator[Effect, Any, httpx.Response]:
+    """Settle the intent as the gate's ``stop`` says, and raise its error.
+
+    A refused settle means another worker took the intent over while this one
+    stalled: its ending, not this stale one, is what the call is told.
+    """
+    settled = yield StoreCall(
         "settle",
         {
             "lease": lease,
@@ -573,6 +577,8 @@ def _stopped(
             "settle_hold": settle_hold_for(sender, stop.state),
         },
     )
+    if not settled:
+        return (yield from _taken_over(sender, record, None, None, foreground=foreground))
     raise _stop(sender, stop, record)
 
 
@@ -1005,7 +1011,7 @@ def _send_claimed(
     # that must yield an effect runs as a generator.
     stop = _gate(sender, record, anchor_before)
     if stop is not None:
-        yield from _stopped(sender, record, progress.lease, stop)
+        return (yield from _stopped(sender, record, progress.lease, stop, foreground=foreground))
     due_at = _due_to_wait(sender, record, foreground=foreground)
     if due_at is not None and not (
         yield from _wait_until_due(sender, record, progress, anchor_before, due_at, ends_at=ends_at)
@@ -1024,7 +1030,9 @@ def _send_claimed(
         anchor = record.first_delivery_at if progress.delivered_maybe else anchor_before
         stop = _gate(sender, record, anchor)
         if stop is not None:
-            yield from _stopped(sender, record, progress.lease, stop)
+            return (
+                yield from _stopped(sender, record, progress.lease, stop, foreground=foreground)
+            )
         if _renewal_due(sender, progress.lease) and not (
             yield from _renewed(sender, record, progress, sender.clock())
         ):
