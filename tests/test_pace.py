@@ -9,8 +9,10 @@ just come back does.
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -18,6 +20,7 @@ import pytest
 
 import postonce
 from postonce import State
+from postonce._drain import Tally, run_drain
 from postonce._pace import Pace, pause_asked
 from tests.conftest import FAST, ClientFactory, LoopbackServer
 
@@ -160,3 +163,77 @@ def test_a_drain_rate_spaces_the_sends_to_an_origin(
     assert report.succeeded == N
     assert report.duration >= (N - 1) / 20.0
     assert len(requests_to(server, path)) == N
+
+
+# -- the drain loop with fakes: what a pause does to the rest of a batch -------------------
+
+
+def _claimed(i: int) -> Any:
+    """A claimed intent to one origin, as the drain loop sees it."""
+    record = SimpleNamespace(origin="https://a.test:443", reference=f"r{i}", due_at=None)
+    return SimpleNamespace(record=record, lease=object(), anchor_before=None)
+
+
+def _drain_with_a_429(release: Any, *, forever: bool) -> tuple[Any, list[str], list[float]]:
+    """run_drain over one batch of 6 to one origin at rate 2/s; the first send hears a 429
+    asking for 30 s. Returns the report, what was sent, and when each release came."""
+    pace = Pace(time.time, cap=60.0, rate=2.0)
+    stop = threading.Event()
+    batches = [[_claimed(i) for i in range(6)]]
+    sent: list[str] = []
+    released: list[float] = []
+    began = time.monotonic()
+
+    def process(opened: Any, turn: Any) -> None:
+        turn.sending()
+        sent.append(opened.record.reference)
+        turn.answered(429, httpx.Headers({"Retry-After": "30"}))
+
+    def released_at(opened: Any, due_at: float | None) -> None:
+        released.append(time.monotonic() - began)
+        release(opened, due_at)
+
+    if forever:
+        threading.Timer(1.0, stop.set).start()
+    report = run_drain(
+        claim=lambda due_by, limit, paused: batches.pop(0) if batches else [],
+        process=process,
+        release=released_at,
+        clock=time.time,
+        tally=Tally(),
+        forever=forever,
+        interval=0.05,
+        concurrency=1,
+        flows=1,
+        stop=stop,
+        pace=pace,
+    )
+    return report, sent, released
+
+
+def test_claims_of_a_paused_origin_go_back_at_once_not_after_their_rate_slots() -> None:
+    """At 2 sends a second, the five claims behind the 429 are handed back at once (before:
+    one every half second, 2.5 s for the batch, their slots wasted)."""
+    report, sent, released = _drain_with_a_429(lambda opened, due_at: None, forever=False)
+    assert sent == ["r0"]
+    assert report.paused == 5
+    assert len(released) == 5
+    assert max(released) < 0.4
+
+
+def test_a_failed_hand_back_is_counted_and_the_forever_drain_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An outbox that refuses the releases (locked): counted as errors, logged, the lease left
+    to run out; a forever drain keeps running until it is stopped (before: it raised)."""
+
+    def locked(opened: Any, due_at: float | None) -> None:
+        raise postonce.OutboxError("database is locked")
+
+    with caplog.at_level("WARNING", logger="postonce"):
+        report, sent, released = _drain_with_a_429(locked, forever=True)
+    assert sent == ["r0"]
+    assert len(released) == 5
+    assert report.errors == 5
+    assert report.paused == 0
+    assert "claimed again when its lease runs out" in caplog.text

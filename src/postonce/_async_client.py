@@ -481,8 +481,8 @@ class AsyncClient(BaseClient):
 
         async def one(opened: Opened) -> None:
             origin = opened.record.origin
-            wait = pace.slot(origin)
-            if wait > 0:
+            wait = pace.slot(origin) if pace.paused_until(origin) is None else 0.0
+            if wait > 0:  # (a paused origin's claims go back at once)
                 with anyio.move_on_after(wait):
                     await stop.wait()  # a stop while waiting hands it back in process()
             async with limiter:
@@ -543,14 +543,10 @@ class AsyncClient(BaseClient):
         record = opened.record
         until = pace.paused_until(record.origin)  # a 429 heard while it waited for its turn
         if until is not None:
-            await self._drive(
-                self._release_flow(opened, due_at=until), thread, record.reference, ""
-            )
-            tally.add("paused")
+            await self._hand_back(opened, until, thread, tally, "paused")
             return
         if stop.is_set() or self._closed:
-            await self._drive(self._release_flow(opened), thread, record.reference, "")
-            tally.add("pending")
+            await self._hand_back(opened, None, thread, tally, "pending")
             return
         try:
             outcome: object = await self._drive(
@@ -559,6 +555,28 @@ class AsyncClient(BaseClient):
         except Exception as exc:
             outcome = exc
         count_outcome(tally, outcome)
+
+    async def _hand_back(
+        self,
+        opened: Opened,
+        due_at: float | None,
+        thread: StoreThread,
+        tally: Tally,
+        counted: str,
+    ) -> None:
+        """Release a claim unsent, as ``_Drain.hand_back`` does (a failure is counted)."""
+        reference = opened.record.reference
+        try:
+            await self._drive(self._release_flow(opened, due_at=due_at), thread, reference, "")
+        except OutboxError as exc:
+            logger.warning(
+                "drain: handing back %r failed (%s); it is claimed again when its lease runs out",
+                reference,
+                exc,
+            )
+            tally.add("errors")
+            return
+        tally.add(counted)
 
     async def _aftercare_quietly(self, thread: StoreThread, tally: Tally) -> None:
         """Reconcile and settle between drain passes; an outbox failure waits for the next."""

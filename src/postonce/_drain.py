@@ -695,24 +695,38 @@ class _Drain:
     def one(self, opened: Opened) -> None:
         """Send one claimed intent in its turn, or hand it back (stopping, or its origin paused)."""
         origin = opened.record.origin
-        wait = self.pace.slot(origin)
-        if wait > 0:
-            self.stop.wait(wait)  # a stop while waiting hands it back below
+        if self.pace.paused_until(origin) is None:  # a paused origin's claims go back at once
+            wait = self.pace.slot(origin)
+            if wait > 0:
+                self.stop.wait(wait)  # a stop while waiting hands it back below
         turn = self.turns.take(self.pace.hearing(origin))
         try:
             # Looked at once the turn is taken, right before the send: a 429 heard
             # while this flow waited for its turn holds it back too.
             until = self.pace.paused_until(origin)
             if until is not None:
-                self.release(opened, until)
-                self.tally.add("paused")
+                self.hand_back(opened, until, "paused")
             elif self.stopping():
-                self.release(opened, None)
-                self.tally.add("pending")
+                self.hand_back(opened, None, "pending")
             else:
                 self.process(opened, turn)
         finally:
             turn.end()
+
+    def hand_back(self, opened: Opened, due_at: float | None, counted: str) -> None:
+        """Release a claim unsent, counted as ``counted``; an outbox failure leaves the lease
+        to run out (the intent is claimed again then) and is counted, never raised."""
+        try:
+            self.release(opened, due_at)
+        except OutboxError as exc:
+            logger.warning(
+                "drain: handing back %r failed (%s); it is claimed again when its lease runs out",
+                opened.record.reference,
+                exc,
+            )
+            self.tally.add("errors")
+            return
+        self.tally.add(counted)
 
     def work(self, claimed: Iterator[Opened]) -> None:
         """One of ``flows`` workers: the next claimed intent until none is left.
