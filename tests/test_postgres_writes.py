@@ -303,10 +303,12 @@ def wal_syncs(store: PostgresStore) -> int:
     return int(row[0])
 
 
-@pytest.mark.parametrize("durable", [True, False])
-def test_a_record_is_as_durable_as_asked(store: PostgresStore, durable: bool) -> None:
-    """A durable record waits for its WAL flush; a repairable one does not (one statement each)."""
-    due_intents(store, 30)
+def _wal_syncs_of_records(store: PostgresStore, durable: bool, batch: int) -> int:
+    """WAL syncs the server made while 30 due intents of ``batch`` were recorded, one by one."""
+    for i in range(30):
+        store.open_intent(
+            new_intent(f"b{batch}-{i}", f"k-b{batch}-{i}"), owner="gone", now=1000.0, lease_for=1.0
+        )
     claimed = store.claim_due(owner="drain/1", now=1010.0, limit=30, lease_for=30.0)
     base, schema = split_schema(f"{PG_URL}?schema={store.schema}")
     alone = PostgresStore(base, schema=schema, min_size=1, max_size=1)
@@ -315,13 +317,27 @@ def test_a_record_is_as_durable_as_asked(store: PostgresStore, durable: bool) ->
         for opened in claimed:
             assert opened.lease is not None
             assert record(alone, opened.lease, durable=durable)
-        flushed = wal_syncs(alone) - before
+        return wal_syncs(alone) - before
     finally:
         alone.close()
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_a_record_is_as_durable_as_asked(store: PostgresStore, durable: bool) -> None:
+    """A durable record waits for its WAL flush; a repairable one does not (one statement each).
+
+    The server's WAL sync count is server-wide: the suite's other workers add to it, never
+    take from it. So the repairable case keeps the quietest of up to five batches.
+    """
     if durable:
-        assert flushed >= 30
-    else:
-        assert flushed < 15  # the WAL writer's own, a few a second
+        assert _wal_syncs_of_records(store, True, 0) >= 30
+        return
+    flushed = _wal_syncs_of_records(store, False, 0)
+    for batch in range(1, 5):
+        if flushed < 15:
+            break
+        flushed = min(flushed, _wal_syncs_of_records(store, False, batch))
+    assert flushed < 15  # the WAL writer's own, a few a second
 
 
 def test_a_terminated_idle_connection_costs_no_failed_call(pg_outbox: str) -> None:
