@@ -137,9 +137,10 @@ def target_line(name: str, ratio: float, target: float, *spreads: Spread) -> str
 class _HTTPProtocol(asyncio.Protocol):
     """Just enough HTTP/1.1: keep-alive, Content-Length bodies, pipelining."""
 
-    def __init__(self) -> None:
+    def __init__(self, latency: float) -> None:
         self._transport: asyncio.Transport | None = None
         self._buffer = bytearray()
+        self._latency = latency  # seconds before each answer, as a distant provider
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -157,16 +158,25 @@ class _HTTPProtocol(asyncio.Protocol):
             if len(buffer) < end + 4 + length:
                 return
             del buffer[: end + 4 + length]
-            assert self._transport is not None
-            self._transport.write(_RESPONSE_201 if head.startswith(b"post ") else _RESPONSE_405)
-            if b"\r\nconnection: close" in head:
-                self._transport.close()
+            answer = _RESPONSE_201 if head.startswith(b"post ") else _RESPONSE_405
+            closing = b"\r\nconnection: close" in head
+            if self._latency:
+                asyncio.get_running_loop().call_later(self._latency, self._answer, answer, closing)
+            else:
+                self._answer(answer, closing)
+            if closing:
                 return
 
+    def _answer(self, answer: bytes, closing: bool) -> None:
+        assert self._transport is not None
+        self._transport.write(answer)
+        if closing:
+            self._transport.close()
 
-async def _serve(link: Connection) -> None:
+
+async def _serve(link: Connection, latency: float) -> None:
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(_HTTPProtocol, "127.0.0.1", 0, backlog=128)
+    server = await loop.create_server(lambda: _HTTPProtocol(latency), "127.0.0.1", 0, backlog=512)
     link.send((int(server.sockets[0].getsockname()[1]), os.getpid()))
     gone: asyncio.Future[None] = loop.create_future()
 
@@ -181,12 +191,12 @@ async def _serve(link: Connection) -> None:
         server.close()
 
 
-def _server_main(link: Connection, cpu: int | None) -> None:
+def _server_main(link: Connection, cpu: int | None, latency: float) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when this ends
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
     gc.disable()
-    asyncio.run(_serve(link))
+    asyncio.run(_serve(link, latency))
 
 
 @dataclass
@@ -210,10 +220,10 @@ class ServerProcess:
             self._process.join(timeout=5)
 
 
-def start_server(cpu: int | None) -> ServerProcess:
+def start_server(cpu: int | None, latency: float = 0.0) -> ServerProcess:
     ctx = get_context("spawn")
     parent_end, child_end = ctx.Pipe(duplex=True)
-    process = ctx.Process(target=_server_main, args=(child_end, cpu), daemon=True)
+    process = ctx.Process(target=_server_main, args=(child_end, cpu, latency), daemon=True)
     process.start()
     child_end.close()
     server = ServerProcess("", 0, process, parent_end)
@@ -261,8 +271,11 @@ class Pinned:
 
 
 @contextmanager
-def pinned_server(prefix: str, parent: Path | None) -> Iterator[Pinned]:
-    """A fresh work directory, the server on the second CPU and this process on the first."""
+def pinned_server(prefix: str, parent: Path | None, latency: float = 0.0) -> Iterator[Pinned]:
+    """A fresh work directory, the server on the second CPU and this process on the first.
+
+    ``latency``: seconds the server waits before each answer (0: at once).
+    """
     cpus = available_cpus()
     pin = hasattr(os, "sched_setaffinity") and len(cpus) >= 2
     parent = parent or HERE
@@ -270,7 +283,7 @@ def pinned_server(prefix: str, parent: Path | None) -> Iterator[Pinned]:
     workdir = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
     server: ServerProcess | None = None
     try:
-        server = start_server(cpus[1] if pin else None)
+        server = start_server(cpus[1] if pin else None, latency)
         if pin:
             os.sched_setaffinity(0, {cpus[0]})  # children (drain processes) inherit it
         pinning = f"client CPU {cpus[0]}, server CPU {cpus[1]}" if pin else "off (one CPU)"

@@ -15,6 +15,16 @@ For each concurrency C, each repeat times, in a seeded shuffled order:
   (claim under a lease, raw send, fenced record), on an outbox filled the same way;
 * ``raw``: ``httpx.Client.post`` of as many requests from C threads sharing one client.
 
+``--catch-up N`` measures instead a drain working through a backlog of N due
+intents, as after an outage, in each ``--shapes`` (``crash``: leased by a dead
+owner, lease expired; ``outage``: handed back after a failed send, due now)
+and ``--transport`` (``in-process``: an ``httpx.MockTransport``; ``loopback``:
+the server answering after ``--latency-ms``), from each count of ``--processes``
+drain processes (unpinned: on PostgreSQL, processes of one outbox). It prints a
+claim's p50 on the filled backlog, intents/s over the first and the last tenth
+of the backlog, the largest process's peak RSS, client CPU per intent, and
+checks that every intent was sent once.
+
 ``--shell async`` times ``AsyncClient.drain`` against raw ``httpx.AsyncClient``
 from C tasks (no floor). Prints intents/s per arm (min/median/max over the
 repeats), drain/raw and drain/floor within each repeat, and each arm's client
@@ -28,7 +38,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import itertools
 import json
+import math
+import os
 import random
 import resource
 import statistics
@@ -36,9 +49,10 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from multiprocessing import get_context
 from pathlib import Path
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import httpx
 from _harness import Spread, common_args, pinned_server, print_facts, run_main
@@ -165,20 +179,163 @@ def open_call(
     return "open_intent", {"new": new, "owner": owner, "now": now, "lease_for": lease_for}
 
 
-def fill(path: Path | str, url: str, count: int) -> None:
-    """Write ``count`` due intents, leased by a dead owner whose lease has run out."""
+def fill(path: Path | str, url: str, count: int, shape: str = "crash") -> None:
+    """Write ``count`` due intents, leased by a dead owner whose lease has run out.
+
+    ``shape="outage"``: each handed back instead (a failed send's release), due now.
+    """
     store = open_store(str(path), durability="normal")
     long_ago, sender = time.time() - 3600, sender_of(url)
-    calls = [
-        open_call(f"bench-{i}", url, owner="dead/0", now=long_ago, lease_for=1.0, sender=sender)
-        for i in range(count)
-    ]
     run_batch = getattr(store, "run_batch")  # noqa: B009 (both stores have it)
     for start in range(0, count, 1000):
-        for ok, result in run_batch(calls[start : start + 1000]):
-            if not ok:
-                raise result
+        calls = [
+            open_call(f"bench-{i}", url, owner="dead/0", now=long_ago, lease_for=1.0, sender=sender)
+            for i in range(start, min(start + 1000, count))
+        ]
+        opened = [checked(ok, result) for ok, result in run_batch(calls)]
+        if shape == "outage":
+            released = [("release", release_kwargs(o, due_at=long_ago)) for o in opened]
+            for ok, result in run_batch(released):
+                checked(ok and result is True, result)
     store.close()
+
+
+def checked(ok: bool, result: Any) -> Any:
+    if not ok:
+        raise RuntimeError(f"a store call failed: {result!r}")
+    return result
+
+
+def release_kwargs(opened: Any, *, due_at: float | None) -> dict[str, object]:
+    """A ``release`` call's arguments: ``opened``'s claim handed back, due at ``due_at``."""
+    return {"lease": opened.lease, "now": time.time(), "due_at": due_at, "anchor": None}
+
+
+class Noting(httpx.BaseTransport):
+    """A transport noting when each request was answered, and the key it carried."""
+
+    def __init__(self, inner: httpx.BaseTransport) -> None:
+        self.inner, self.times, self.keys = inner, list[float](), list[str]()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = self.inner.handle_request(request)
+        response.read()
+        self.keys.append(request.headers["idempotency-key"])
+        self.times.append(time.time())
+        return response
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class Drained(NamedTuple):
+    """What one catch-up drain process reports."""
+
+    times: list[float]  # when each answer came (time.time())
+    keys: list[str]  # the key each request carried
+    peak_mb: float  # its peak RSS (VmHWM)
+    cpu_s: float  # its user + system CPU
+    late: bool  # not ready by the start time: its first tenth is not comparable
+
+
+def catch_up_child(spec: str, url: str, concurrency: int, transport: str, go_at: float) -> Drained:
+    """One drain process: open the outbox, start at ``go_at``, drain until nothing is due."""
+    os.sched_setaffinity(0, range(os.cpu_count() or 1))  # processes share every CPU
+    if transport == "in-process":
+        inner: httpx.BaseTransport = httpx.MockTransport(lambda _: httpx.Response(201, json={}))
+    else:
+        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        inner = httpx.HTTPTransport(limits=limits)
+    noting = Noting(inner)
+    with postonce.Client(outbox=spec, base_url=origin_of(url), transport=noting) as client:
+        client.outbox  # noqa: B018 (opened before the start)
+        late = time.time() > go_at
+        time.sleep(max(0.0, go_at - time.time()))
+        client.drain(concurrency=concurrency)
+    status = Path("/proc/self/status").read_text()
+    used = client_usage()
+    peak = int(status.split("VmHWM:")[1].split()[0]) / 1024
+    return Drained(noting.times, noting.keys, peak, used.ru_utime + used.ru_stime, late)
+
+
+def claim_p50(spec: str, url: str, samples: int = 5) -> float:
+    """A drain's claim of 32 on the backlog as filled, in us (each handed back untimed)."""
+    store, sender, origins = open_store(spec), sender_of(url), [origin_of(url)]
+    taken = []
+    for _ in range(samples):
+        started = time.perf_counter()
+        claimed = store.claim_due(
+            owner="bench/claim", now=time.time(), limit=32, lease_for=60.0,
+            sender=sender, origins=origins,
+        )  # fmt: skip
+        taken.append((time.perf_counter() - started) * 1e6)
+        run_batch = getattr(store, "run_batch")  # noqa: B009 (both stores have it)
+        for ok, result in run_batch([("release", release_kwargs(o, due_at=None)) for o in claimed]):
+            checked(ok and result is True, result)
+    store.close()
+    return statistics.median(taken)
+
+
+def catch_up(
+    args: argparse.Namespace, url: str, spec: str, run: tuple[str, str, int, int]
+) -> tuple[str, float]:
+    """Fill ``spec``, drain it with ``processes`` processes: a result line, last/first tenth."""
+    shape, transport, processes, concurrency = run
+    count = args.catch_up
+    fill(spec, url, count, shape)
+    claim_us = claim_p50(spec, url)
+    go_at = time.time() + 2.0 + processes  # every process has opened its outbox by then
+    with ProcessPoolExecutor(processes, mp_context=get_context("spawn")) as pool:
+        many = [[spec] * processes, [url] * processes, [concurrency] * processes]
+        drained = list(
+            pool.map(catch_up_child, *many, [transport] * processes, [go_at] * processes)
+        )
+    times = sorted(t for d in drained for t in d.times)
+    keys = [k for d in drained for k in d.keys]
+    if len(keys) != count or len(set(keys)) != count:
+        raise RuntimeError(f"{len(keys)} sends of {len(set(keys))} keys for {count} intents")
+    tenth = count // 10
+    first, last = tenth / (times[tenth - 1] - go_at), tenth / (times[-1] - times[-tenth - 1])
+    cpu = sum(d.cpu_s for d in drained) / count * 1e6
+    late = " (a process started LATE)" if any(d.late for d in drained) else ""
+    line = (
+        f"  {shape:<7}{transport:<11}{processes:>3} x c={concurrency:<4}{claim_us:>10,.0f} us"
+        f"{first:>10,.0f}/s{last:>10,.0f}/s  x{last / first:.2f}"
+        f"{max(d.peak_mb for d in drained):>8.0f} MB{cpu:>8.0f} us  "
+        f"{count / (times[-1] - go_at):,.0f}/s overall, every intent sent once{late}"
+    )
+    return line, last / first
+
+
+def catch_up_main(args: argparse.Namespace, pinned: Any) -> int:
+    print(
+        f"catch-up: {args.catch_up:,} due intents per run; loopback latency {args.latency_ms} ms\n"
+        "  shape  transport  procs x conc   claim p50  first tenth  last tenth  last/first"
+        "  peak RSS  CPU/intent"
+    )
+    worst = math.inf
+    for shape, transport, processes, c in itertools.product(
+        args.shapes, args.transports, args.process_counts, args.levels
+    ):
+        spec = (
+            str(pinned.workdir / f"catch-up-{uuid.uuid4().hex[:8]}.sqlite3")
+            if args.backend == "sqlite"
+            else fresh_postgres(args.pg)
+        )
+        try:
+            line, ratio = catch_up(args, pinned.server.url, spec, (shape, transport, processes, c))
+        finally:
+            if args.backend == "postgres":
+                drop_postgres(spec)
+        print(line)
+        sys.stdout.flush()
+        worst = min(worst, ratio)
+    word = "met" if worst >= 0.8 else "MISSED"
+    print(
+        f"SUMMARY catch-up {args.backend}: last/first tenth >= 0.80 in every run: "
+        f"x{worst:.2f} {word}"
+    )
+    return 0
 
 
 def fresh_postgres(base: str) -> str:
@@ -289,9 +446,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite")
     parser.add_argument("--shell", choices=["sync", "async"], default="sync")
     parser.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432/test")
+    parser.add_argument("--catch-up", type=int, default=0, help="backlog size (0: the arms)")
+    parser.add_argument("--shapes", default="crash,outage", help="catch-up: backlog shapes")
+    parser.add_argument("--transport", default="in-process,loopback", help="catch-up")
+    parser.add_argument("--latency-ms", type=float, default=20.0, help="catch-up: loopback")
+    parser.add_argument("--processes", default="1", help="catch-up: drain processes (1)")
     common_args(parser, seed=7)
     args = parser.parse_args(argv)
     args.levels = [int(c) for c in args.concurrency.split(",")]
+    args.shapes, args.transports = args.shapes.split(","), args.transport.split(",")
+    args.process_counts = [int(p) for p in args.processes.split(",")]
     if args.intents < 1 or args.repeats < 1 or min(args.levels) < 1:
         parser.error("--intents, --repeats and every concurrency must be >= 1")
     return args
@@ -315,7 +479,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     rng = random.Random(args.seed)
     arms = ["drain", "raw"] + (["floor"] if args.shell == "sync" else [])
     results: dict[int, dict[str, list[float]]] = {}
-    with pinned_server(".tmp-drain-", args.dir) as pinned:
+    latency = args.latency_ms / 1000 if args.catch_up else 0.0
+    with pinned_server(".tmp-drain-", args.dir, latency) as pinned:
+        if args.catch_up:
+            print_facts(pinned, f"backend {args.backend}")
+            return catch_up_main(args, pinned)
         print_facts(
             pinned,
             f"backend {args.backend}, shell {args.shell}, {args.intents} intents per run, "

@@ -1,4 +1,4 @@
-"""How the outbox scales with the rows it holds: claim and lookup time, and a drain's memory.
+"""How the outbox scales with the rows it holds: claim and lookup time.
 
 Run from the repository root::
 
@@ -19,9 +19,7 @@ intents spread through the table. Timed through the store's own API:
   known ``intent=``; ``get``: ``Store.get(reference)``, what ``lookup`` calls;
 * ``open new``: the write-ahead of a new intent; shown, not judged (an fsync).
 
-Then a child process drains the due intents (``Client.drain(concurrency=8)``
-against the loopback server) and reports its peak RSS (its own ``VmHWM``),
-beside a child draining an empty outbox.
+A drain's speed and memory over a large backlog: ``bench_drain.py --catch-up``.
 
 Part 2 holds the table at ``--backlog-rows`` and grows the due backlog
 (``--backlogs``): the claim's cost with a backlog. The targets are printed,
@@ -37,7 +35,6 @@ import os
 import random
 import sqlite3
 import statistics
-import subprocess
 import sys
 import time
 import uuid
@@ -46,7 +43,6 @@ from pathlib import Path
 from typing import Any
 
 from _harness import (
-    Spread,
     common_args,
     percentile,
     pinned_server,
@@ -70,12 +66,6 @@ COLUMNS = (  # noqa: SIM905 - one string is shorter to read
     " claim_token response_status response_headers response_body response_truncated"
     " response_sha256 note purged_at sender origin"
 ).split()
-_CHILD = """\
-import atexit, sys, postonce
-atexit.register(lambda: print(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]))
-with postonce.Client(outbox=sys.argv[1], base_url=sys.argv[2]) as client:
-    print(client.drain(concurrency=8).succeeded)
-"""
 
 
 def reference_of(i: int) -> str:
@@ -221,23 +211,6 @@ def new_intent(i: int) -> NewIntent:
     )  # fmt: skip
 
 
-def drain_rss(spec: str, url: str, expect: int) -> tuple[float, float]:
-    """(peak RSS in MB, seconds) of a child process draining ``spec``'s due intents."""
-    started = time.perf_counter()
-    child = subprocess.run(
-        [sys.executable, "-c", _CHILD, spec, origin_of(url)],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        check=False,
-    )
-    took = time.perf_counter() - started
-    lines = child.stdout.split()
-    if child.returncode != 0 or len(lines) != 2 or int(lines[0]) != expect:
-        raise RuntimeError(f"the drain child: {child.stdout[-500:]} {child.stderr[-2000:]}")
-    return int(lines[1]) / 1024, took
-
-
 def measure(
     args: argparse.Namespace, rows: int, due: int, url: str, spec: str, claims_only: bool
 ) -> dict[str, list[float]]:
@@ -290,9 +263,6 @@ def measure(
         ops["open new"] = timed(args.samples, open_new)
     finally:
         store.close()
-    peak, took = drain_rss(spec, url, due)
-    ops["drain peak RSS MB"] = [peak]
-    print(f"{'':>12}drain child: {due:,} intents in {took:.1f} s, peak RSS {peak:.1f} MB")
     return ops
 
 
@@ -346,11 +316,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             for suffix in ("", "-wal", "-shm"):
                 Path(spec + suffix).unlink(missing_ok=True)
 
-        empty = outbox()
-        create(empty, iter(()))
-        baseline, _ = drain_rss(empty, url, 0)
-        discard(empty)
-        print(f"drain child on an empty outbox: peak RSS {baseline:.1f} MB")
         sizes: dict[int, dict[str, list[float]]] = {}
         for rows in args.size_list:
             spec = outbox()
@@ -359,8 +324,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             finally:
                 discard(spec)
             for name, samples in sizes[rows].items():
-                if not name.endswith(" MB"):
-                    print(line(name, samples))
+                print(line(name, samples))
             sys.stdout.flush()
         print(f"\nbacklog: claim_due with more due intents, {args.backlog_total:,} rows")
         backlog: dict[int, list[float]] = {}
@@ -375,8 +339,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     small, large = min(sizes), max(sizes)
     print(f"\n{'op':<18}" + "".join(f"{f'p50 @{r:,}':>16}" for r in sizes))
     for name in sizes[small]:
-        unit = "" if name.endswith(" MB") else " us"
-        cells = "".join(f"{statistics.median(sizes[r][name]):>13.1f}{unit:<3}" for r in sizes)
+        cells = "".join(f"{statistics.median(sizes[r][name]):>13.1f} us" for r in sizes)
         print(f"{name:<18}{cells}")
     targets = []
     for name in ("claim_due", "open existing", "get"):
@@ -386,12 +349,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     growth = statistics.median(backlog[high]) / statistics.median(backlog[low])
     targets.append(target_line(f"claim_due p50 @{high:,} due / @{low:,} due", growth, TARGET))
     print("\n" + "\n".join(targets))
-    peaks = Spread.of(sizes[r]["drain peak RSS MB"][0] for r in sizes)
-    print(
-        f"SUMMARY scale {args.backend}: {'; '.join(t.removeprefix('target ') for t in targets)}; "
-        f"drain peak RSS {peaks.text('.0f', flag=False)} MB over the sizes "
-        f"(empty outbox {baseline:.0f} MB)"
-    )
+    print(f"SUMMARY scale {args.backend}: {'; '.join(t.removeprefix('target ') for t in targets)}")
     return 0
 
 
