@@ -210,7 +210,7 @@ def old_release_writes(outbox: OutboxUnderTest, reference: str, url: str) -> Non
             )
         return
     marks = ", ".join("?" for _ in values)
-    insert = f"INSERT INTO intents ({columns}) VALUES ({marks})"  # noqa: S608  # this test's own
+    insert = f"INSERT INTO intents ({columns}) VALUES ({marks})"  # this test's own
     with sqlite3.connect(outbox) as db:
         db.execute(insert, tuple(values.values()))
     db.close()

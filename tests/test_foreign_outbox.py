@@ -103,7 +103,7 @@ def older_sqlite_outbox(path: Path, version: int) -> None:
     """An outbox as the release of schema ``version`` left it, with one pending intent."""
     db = sqlite_utils.Database(path)
     for step in MIGRATIONS[:version]:
-        step(db)
+        step(db, "")
     db.execute(f"PRAGMA user_version = {version}")
     db.execute(
         "INSERT INTO intents (reference, key, provider, method, url, headers, body, fingerprint,"
@@ -166,7 +166,8 @@ def test_a_client_adds_its_tables_to_another_applications_database_only_when_ask
     tmp_path: Path,
 ) -> None:
     """A client pointed at another application's SQLite file refuses before anything is stored or
-    sent, naming the opt-in; with ``?create=1`` it adds its tables beside the application's."""
+    sent, naming the opt-in; with ``?create=1`` it adds its tables, named ``postonce_...``,
+    beside the application's, and keeps its version in ``postonce_meta``."""
     app_db = tmp_path / "app.db"
     foreign_database(app_db)
     before = snapshot(app_db)
@@ -192,30 +193,27 @@ def test_a_client_adds_its_tables_to_another_applications_database_only_when_ask
     assert len(sent) == 1
     with sqlite3.connect(app_db) as conn:
         assert conn.execute("SELECT email FROM users").fetchall() == [("a@example.com",)]
-        assert int(conn.execute("PRAGMA user_version").fetchone()[0]) == SCHEMA_VERSION
+        assert int(conn.execute("PRAGMA user_version").fetchone()[0]) == 0
+        assert conn.execute("SELECT version FROM postonce_meta").fetchall() == [(SCHEMA_VERSION,)]
+        assert conn.execute("SELECT reference FROM postonce_intents").fetchall() == [("order-1",)]
     conn.close()
     # Once its tables are there, the file is an outbox: no opt-in needed any more.
     with postonce.Client("http://api.test", outbox=app_db, transport=transport) as client:
         assert client.lookup("order-1") is not None
 
 
-@pytest.mark.parametrize(
-    ("user_version", "clash", "said"),
-    [
-        pytest.param(12, False, "user_version is 12", id="versioned"),
-        pytest.param(0, True, "table named intents", id="intents-table"),
-    ],
-)
-def test_a_client_never_takes_what_another_application_keeps(
-    tmp_path: Path, user_version: int, clash: bool, said: str
-) -> None:
-    """A database that keeps its own schema version in PRAGMA user_version, or a table of
-    postonce's name, is refused even with ``?create=1``: postonce would overwrite it."""
+def test_a_client_never_takes_what_another_application_keeps(tmp_path: Path) -> None:
+    """A database with a table of postonce's prefixed names but no ``postonce_meta`` is refused
+    even with ``?create=1``: postonce would overwrite it. (Its own ``intents`` table and
+    user_version are not in the way: tests/test_outbox_in_app_db.py.)"""
     app_db = tmp_path / "app.db"
-    foreign_database(app_db, user_version, clash)
+    foreign_database(app_db, 12, clash=True)
+    with sqlite3.connect(app_db) as conn:
+        conn.execute("CREATE TABLE postonce_attempts (id INTEGER PRIMARY KEY)")
+    conn.close()
     before = snapshot(app_db)
     client = postonce.Client("http://api.test", outbox=f"sqlite:///{app_db}?create=1")
-    with pytest.raises(postonce.ConfigurationError, match=said):
+    with pytest.raises(postonce.ConfigurationError, match="postonce_attempts but no postonce_meta"):
         client.lookup("order-1")
     client.close()
     assert snapshot(app_db) == before

@@ -807,7 +807,7 @@ def test_a_v4_outbox_is_migrated_to_the_current_lease_index(outbox_path: Path) -
     """Opening a schema-v4 file swaps its lease index; a crashed intent in it is still claimed."""
     db = sqlite_utils.Database(outbox_path)
     for step in MIGRATIONS[:4]:
-        step(db)
+        step(db, "")
     db.execute("PRAGMA user_version = 4")
     db.execute(
         "INSERT INTO intents (reference, key, provider, method, url, headers, body, fingerprint,"
@@ -1252,7 +1252,7 @@ def _with_due_backlog(path: Path, due: int) -> SQLiteStore:
         rows.append(tuple(row[c] for c in columns))
     marks = ", ".join("?" for _ in columns)
     with store._conn:
-        store._conn.executemany(f"INSERT INTO intents VALUES ({marks})", rows)  # noqa: S608
+        store._conn.executemany(f"INSERT INTO intents VALUES ({marks})", rows)
     return store
 
 

@@ -14,7 +14,7 @@ engine does. Its one job is to make each of these moves atomic and durable:
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterator
-from typing import Any, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 from .._intent import (
     FOREIGN_SHOWN,
@@ -40,8 +40,22 @@ __all__ = [
     "Opened",
     "Purged",
     "Store",
+    "Target",
     "run_calls",
 ]
+
+
+class Target(NamedTuple):
+    """Where an outbox keeps its intents, as an application's own connection must see it.
+
+    ``client.enqueue`` writes there through the application's connection,
+    in the application's transaction (``postonce._appdb``).
+    """
+
+    dialect: Literal["sqlite", "postgres"]
+    table: str  # the intents table, quoted where it needs to be
+    database: str  # SQLite: the file's path; PostgreSQL: the database's name
+    channel: str | None = None  # PostgreSQL: NOTIFY'd at commit, to wake a drain
 
 
 class Store(Protocol):

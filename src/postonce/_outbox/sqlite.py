@@ -10,12 +10,21 @@ non-2xx answer or a terminal move without one is committed durably, because
 not every provider replays those. Either way, an application crash loses no
 committed transaction in WAL mode; only the power-loss window differs.
 
-The schema is created and migrated with sqlite-utils; the version lives in
-``PRAGMA user_version``. A file is read before anything is written to it: the
-tables are created only in a new (empty) database, or, where the outbox spec
-asks for it (``foreign=True``), beside another application's tables; a store
-opened to read only (``migrate=False``) neither switches the journal mode nor
-migrates an older schema.
+The schema is created and migrated with sqlite-utils. A file is read before
+anything is written to it, and that decides the names (:attr:`SQLiteStore.prefix`):
+
+- an outbox file of its own (a new, empty database) keeps the names of every
+  earlier release (``intents``, ``attempts``, ...) and its version in
+  ``PRAGMA user_version``;
+- an outbox added to another application's database, only where the outbox
+  spec asks for it (``foreign=True``), names everything ``postonce_...``
+  (``postonce_intents``, ...) and keeps its version in ``postonce_meta``, so
+  it takes none of the application's names nor its ``user_version``;
+- an application's database an earlier release joined with the unprefixed
+  names stays as it is.
+
+A store opened to read only (``migrate=False``) neither switches the journal
+mode nor migrates an older schema.
 """
 
 from __future__ import annotations
@@ -40,9 +49,9 @@ from .._engine import CLOCK_TOLERANCE
 from .._exceptions import ConfigurationError, OutboxError, PostonceError
 from .._intent import TERMINAL
 from . import decide
-from .base import AttemptRecord, Lease
+from .base import AttemptRecord, Lease, Target
 from .decide import LEASE_SWEEP
-from .migrations.sqlite import MIGRATIONS, SCHEMA_VERSION
+from .migrations.sqlite import META, MIGRATIONS, PREFIX, SCHEMA_VERSION, set_version
 from .rows import COLUMNS, needs_durable, newer_schema
 from .sql import SQLStore
 from .store import Mine
@@ -62,13 +71,30 @@ _LEASE_ENDED = "state IN ({}) AND lease_owner IS NULL".format(
 #: The rows in the lease index ``intents_lease``: its condition, spelled as the
 #: index spells it (migrations._v6), so that the planner can use the index.
 _INDEXED = "lease_expires_at IS NOT NULL AND fresh IS NULL"
-#: The fresh rows of the table's tail, past the sweep's watermark (migrations._v6):
-#: a range of the table's key. (A missing watermark reads as 0: the whole table.)
-_TAIL = "id > coalesce((SELECT upto FROM intents_swept), 0) AND fresh IS NOT NULL"
-#: Every row that may hold a lease (schema v6): those in the lease index, and the
-#: tail's. A sending row is always in one of them; the queries of the shared store
-#: that ask for leases read this instead of the table, and each arm keeps its index.
-_LEASES = f"(SELECT * FROM intents WHERE {_INDEXED} UNION ALL SELECT * FROM intents WHERE {_TAIL})"
+
+#: Columns an outbox's intents table has had since schema v1, beside its index
+#: ``intents_reference``: an ``intents`` table without them is an application's own.
+_OUTBOX_COLUMNS = frozenset({"reference", "key", "fingerprint", "claim_token", "lease_expires_at"})
+
+
+def _tail(prefix: str) -> str:
+    """The fresh rows of the table's tail, past the sweep's watermark (migrations._v6):
+    a range of the table's key. (A missing watermark reads as 0: the whole table.)"""
+    return f"id > coalesce((SELECT upto FROM {prefix}intents_swept), 0) AND fresh IS NOT NULL"
+
+
+def _leases(prefix: str) -> str:
+    """Every row that may hold a lease (schema v6): those in the lease index, and the tail's.
+
+    A sending row is always in one of them; the queries of the shared store
+    that ask for leases read this instead of the table, and each arm keeps its index.
+    """
+    intents = f"{prefix}intents"
+    return (
+        f"(SELECT * FROM {intents} WHERE {_INDEXED}"
+        f" UNION ALL SELECT * FROM {intents} WHERE {_tail(prefix)})"
+    )
+
 
 #: How many lease-index entries past the claim's own a claim looks at for ended
 #: intents to take out (left there by a process killed before its sweep). Few:
@@ -103,17 +129,18 @@ def _create_private(path: Path) -> None:
     os.close(fd)
 
 
-def take_in_the_tail(conn: sqlite3.Connection) -> None:
+def take_in_the_tail(conn: sqlite3.Connection, prefix: str = "") -> None:
     """In a write transaction: the tail's fresh rows still sending join the lease index,
     and the watermark moves to the table's end (schema v6).
 
-    Its own statements, so a writer holds the only write lock: no row can be
-    written between them.
+    ``prefix``: the outbox's (:attr:`SQLiteStore.prefix`). Its own statements,
+    so a writer holds the only write lock: no row can be written between them.
     """
-    conn.execute(f"UPDATE intents SET fresh = NULL WHERE {_TAIL} AND state = 'sending'")
+    intents = f"{prefix}intents"
+    conn.execute(f"UPDATE {intents} SET fresh = NULL WHERE {_tail(prefix)} AND state = 'sending'")
     conn.execute(
-        "UPDATE intents_swept SET upto = (SELECT coalesce(max(id), 0) FROM intents)"
-        " WHERE upto < (SELECT coalesce(max(id), 0) FROM intents)"
+        f"UPDATE {intents}_swept SET upto = (SELECT coalesce(max(id), 0) FROM {intents})"
+        f" WHERE upto < (SELECT coalesce(max(id), 0) FROM {intents})"
     )
 
 
@@ -122,6 +149,14 @@ class SQLiteStore(SQLStore):
 
     integrity_errors = (sqlite3.IntegrityError,)
     one_statement_writes = True
+
+    #: What starts the name of each of the outbox's tables, indexes and triggers:
+    #: ``""`` in an outbox file of its own, ``"postonce_"`` in another application's
+    #: database (decided when the file is opened).
+    prefix: str
+    #: The intents table's name (``intents`` or ``postonce_intents``), for an
+    #: application that writes to it through its own connection.
+    intents_table: str
 
     def __init__(
         self,
@@ -140,13 +175,14 @@ class SQLiteStore(SQLStore):
         schema is migrated, and the file switched to WAL (False: opened to read
         only, an older schema is refused and nothing is written). ``foreign``:
         the outbox's tables may be added to a database holding another
-        application's tables (only when it keeps no ``user_version`` of its own
-        and no table of postonce's names).
+        application's tables, named ``postonce_...`` beside them (whatever its
+        tables and its ``user_version``; refused only where a ``postonce_``
+        name is taken already).
         """
         if durability not in ("full", "normal"):
             raise ValueError(f"durability must be 'full' or 'normal', not {durability!r}")
-        super().__init__(intents="intents", attempts="attempts", leases=_LEASES)
         self.path = Path(path)
+        self.prefix = ""
         self.durability: Durability = durability
         self._lock = threading.RLock()
         #: The batch :meth:`run_batch` runs, as (thread ident, mode), or None. Only
@@ -176,6 +212,14 @@ class SQLiteStore(SQLStore):
         except PostonceError:
             self._conn.close()
             raise
+        # The names, now that the file said which (_find_outbox).
+        self.intents_table = f"{self.prefix}intents"
+        self._tail = _tail(self.prefix)
+        super().__init__(
+            intents=self.intents_table,
+            attempts=f"{self.prefix}attempts",
+            leases=_leases(self.prefix),
+        )
         # A process that exits without close() still sweeps (a killed one leaves the
         # rest to the claims). Through a weak reference: the store may go first.
         self._at_exit = functools.partial(_sweep_at_exit, weakref.ref(self), os.getpid())
@@ -194,10 +238,12 @@ class SQLiteStore(SQLStore):
         while True:
             try:
                 # Read first: nothing is written to a file that is not ours to change.
-                if not self._check_file():
+                version = self._check_file()
+                if version is None:
                     return
                 self._conn.execute("PRAGMA journal_mode = WAL").fetchone()
-                self._migrate()
+                if version < SCHEMA_VERSION:
+                    self._migrate()
                 return
             except sqlite3.OperationalError as exc:
                 locked = "locked" in str(exc) or "busy" in str(exc)
@@ -205,47 +251,72 @@ class SQLiteStore(SQLStore):
                     raise
                 time.sleep(0.01)
 
-    def _check_file(self) -> bool:
-        """Whether to switch this file to WAL and migrate it; raises where it is not ours to.
+    def _check_file(self) -> int | None:
+        """The outbox's schema version (0: a new one), where this store is to switch the file
+        to WAL and migrate it; None where it only reads. Raises where it is not ours to.
 
-        An outbox (version 1 or more, its tables there) of an older schema is
-        refused when opened to read only. An empty database becomes an outbox
-        only where ``create`` allows. Any other is another application's
-        database: joined only on request (``foreign``), and only where postonce
-        would overwrite nothing of the application's.
+        Decides :attr:`prefix`. An outbox of an older schema is refused when
+        opened to read only.
+        """
+        self.prefix, version = self._find_outbox()
+        if version > SCHEMA_VERSION:
+            raise newer_schema(f"at {self.path}", version, SCHEMA_VERSION)
+        if 0 < version < SCHEMA_VERSION and not self._migrating:
+            raise OutboxError(
+                f"the outbox at {self.path} has schema version {version}, and this postonce "
+                f"reads version {SCHEMA_VERSION}: it needs a migration, which a command that "
+                "only reads never makes. A postonce.Client (or postonce drain) of this "
+                "version migrates it when it opens it; older releases still running keep "
+                "working after it"
+            )
+        return version if self._migrating else None
+
+    def _find_outbox(self) -> tuple[str, int]:
+        """The outbox in this file: the prefix of its names, and its schema version (0: none
+        yet, one to create). Reads only; raises where the file is not one to use as asked.
+
+        ``postonce_meta`` marks the prefixed outbox of an application's database,
+        and holds its version. postonce's unprefixed tables with a
+        ``user_version`` of 1 or more are an outbox file, or an application's
+        database an earlier release joined: both keep their names. An empty
+        database becomes an outbox file of its own, where ``create`` allows.
+        Any other is another application's: joined with prefixed names on
+        request (``foreign``), and only where no ``postonce_`` name is taken.
         """
         # One statement, so one snapshot: another process creating the outbox right
         # now is seen before or after its migration's commit, never half-way.
         found = self._conn.execute(
-            "SELECT 'version', user_version FROM pragma_user_version UNION ALL"
-            " SELECT 'table', name FROM sqlite_master WHERE type IN ('table', 'view')"
-            " AND name NOT LIKE 'sqlite%'"
+            "SELECT 'version', user_version FROM pragma_user_version"
+            " UNION ALL SELECT type, name FROM sqlite_master WHERE name NOT LIKE 'sqlite%'"
+            " UNION ALL SELECT 'column', name FROM pragma_table_info('intents')"
         ).fetchall()
-        version = next(int(value) for kind, value in found if kind == "version")
-        tables = sorted(str(value) for kind, value in found if kind == "table")
-        writes = self._create and self._migrating
-        if version >= 1 and {"intents", "attempts"} <= set(tables):
-            if version > SCHEMA_VERSION:
-                raise newer_schema(f"at {self.path}", version, SCHEMA_VERSION)
-            if version < SCHEMA_VERSION and not self._migrating:
-                raise OutboxError(
-                    f"the outbox at {self.path} has schema version {version}, and this postonce "
-                    f"reads version {SCHEMA_VERSION}: it needs a migration, which a command that "
-                    "only reads never makes. A postonce.Client (or postonce drain) of this "
-                    "version migrates it when it opens it; older releases still running keep "
-                    "working after it"
-                )
-            return self._migrating
-        if not tables and version == 0:
-            if not writes:
+        user_version = next(int(value) for kind, value in found if kind == "version")
+        names = {str(name) for kind, name in found if kind not in ("version", "column")}
+        tables = sorted(str(name) for kind, name in found if kind in ("table", "view"))
+        columns = {str(name) for kind, name in found if kind == "column"}
+        if META in names:
+            # Set in the commit that created the tables, and only raised since: read
+            # after them, it is at least as new as what the statement above saw.
+            (version,) = self._conn.execute(f"SELECT max(version) FROM {META}").fetchone()
+            if version and {f"{PREFIX}intents", f"{PREFIX}attempts"} <= names:
+                return PREFIX, int(version)
+            raise OutboxError(
+                f"{self.path} has a {META} table but no outbox beside it (tables "
+                f"{', '.join(tables)}): nothing was changed"
+            )
+        unprefixed = columns >= _OUTBOX_COLUMNS and {"attempts", "intents_reference"} <= names
+        if unprefixed and user_version >= 1:
+            return "", user_version
+        if not names and user_version == 0:
+            if not (self._create and self._migrating):
                 raise OutboxError(f"no outbox at {self.path}: the file holds no tables")
-            return True
-        clash = sorted({"intents", "attempts", "intents_swept"} & set(tables))
-        if writes and self._foreign and not clash and version == 0:
-            return True
-        raise self._not_ours(version, tables, clash)
+            return "", 0
+        taken = sorted(name for name in names if name.lower().startswith(PREFIX))
+        if self._create and self._migrating and self._foreign and not taken and not unprefixed:
+            return PREFIX, 0
+        raise self._not_ours(user_version, tables, taken)
 
-    def _not_ours(self, version: int, tables: list[str], clash: list[str]) -> PostonceError:
+    def _not_ours(self, version: int, tables: list[str], taken: list[str]) -> PostonceError:
         """The refusal of another application's database: why, and the way out."""
         found = f"tables {', '.join(tables) or 'none'}, user_version {version}"
         if not (self._create and self._migrating):
@@ -255,33 +326,38 @@ class SQLiteStore(SQLStore):
         if not self._foreign:
             spec = f"sqlite:///{self.path}?create=1"
             why = (
-                "postonce adds its tables (intents, attempts, intents_swept) and sets PRAGMA "
-                f"user_version only where asked: outbox={spec!r}, or give the outbox a file "
-                "of its own"
+                f"postonce adds its tables ({PREFIX}intents, {PREFIX}attempts, ..., {META}) "
+                f"to another application's database only where asked: outbox={spec!r}, or "
+                "give the outbox a file of its own"
             )
-        elif clash:
-            why = f"it has a table named {clash[0]} of its own: give the outbox a file of its own"
+        elif taken:
+            why = (
+                f"it has {', '.join(taken)} but no {META}, so they are not an outbox postonce "
+                "made and it would take their names: nothing was changed. Rename them, or "
+                "give the outbox a file of its own"
+            )
         else:
             why = (
-                f"its PRAGMA user_version is {version}, which the application keeps for its own "
-                "schema and postonce's would overwrite: give the outbox a file of its own"
+                "its intents and attempts tables are an outbox of an earlier release, whose "
+                "schema version PRAGMA user_version no longer holds: nothing was changed. "
+                "Give the outbox a file of its own"
             )
         return ConfigurationError(f"{self.path} is another application's database ({found}): {why}")
 
     def _migrate(self) -> None:
-        version = int(self._conn.execute("PRAGMA user_version").fetchone()[0])
-        if version == SCHEMA_VERSION:
-            return
-        if version > SCHEMA_VERSION:
-            raise newer_schema(f"at {self.path}", version, SCHEMA_VERSION)
+        """Create or migrate the outbox: every missing step, and its version, in one commit."""
         db = sqlite_utils.Database(self._conn)
         self._conn.execute("BEGIN IMMEDIATE")
         try:
-            # Another process may have migrated while we waited for the lock.
-            version = int(self._conn.execute("PRAGMA user_version").fetchone()[0])
-            for step in MIGRATIONS[version:]:
-                step(db)
-            self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            # Read the file again under the write lock: another process may have created
+            # or migrated the outbox (either version location) while we waited for it.
+            self.prefix, version = self._find_outbox()
+            if version > SCHEMA_VERSION:
+                raise newer_schema(f"at {self.path}", version, SCHEMA_VERSION)
+            if version < SCHEMA_VERSION:
+                for step in MIGRATIONS[version:]:
+                    step(db, self.prefix)
+                set_version(self._conn, self.prefix, SCHEMA_VERSION)
             self._conn.execute("COMMIT")
         except BaseException:
             if self._conn.in_transaction:
@@ -509,11 +585,11 @@ class SQLiteStore(SQLStore):
                     if ids:
                         marks = ", ".join("?" for _ in ids)
                         conn.execute(
-                            "UPDATE intents SET lease_expires_at = NULL"
+                            f"UPDATE {self.intents_table} SET lease_expires_at = NULL"
                             f" WHERE id IN ({marks}) AND {_INDEXED} AND {_LEASE_ENDED}",
                             ids,
                         )
-                    take_in_the_tail(conn)
+                    take_in_the_tail(conn, self.prefix)
             except (OutboxError, sqlite3.Error) as exc:
                 logger.debug("lease sweep of %d ended intents left for later: %s", len(ids), exc)
                 self._left = [*ids, *self._left][-LEASE_SWEEP * 4 :]
@@ -533,6 +609,7 @@ class SQLiteStore(SQLStore):
         # from its index, in order), so a claim costs O(limit), not O(backlog).
         # Oldest first by the time each became due: a pending row's due time, a
         # sending row's lease expiry (WAKE_ORDER), each arm in its index's order.
+        intents = self.intents_table
         only, params = self._mine(mine)
         # (The clock arm reads intents_touched; +sender keeps it off intents_due.)
         late, _ = self._mine(mine, unindexed="+")
@@ -545,8 +622,8 @@ class SQLiteStore(SQLStore):
         # and an ended row is nobody's to send, whatever its origin.)
         sender, whose = self._mine(Mine(mine.sender, None))
         conn.execute(
-            "UPDATE intents SET lease_expires_at = NULL WHERE id IN ("
-            " SELECT id FROM (SELECT id, state, lease_owner FROM intents"
+            f"UPDATE {intents} SET lease_expires_at = NULL WHERE id IN ("
+            f" SELECT id FROM (SELECT id, state, lease_owner FROM {intents}"
             f"  WHERE lease_expires_at <= ? AND fresh IS NULL{sender}"
             "  ORDER BY lease_expires_at, id LIMIT ?)"
             f" WHERE {_LEASE_ENDED})",
@@ -562,20 +639,20 @@ class SQLiteStore(SQLStore):
         )
         expired_params = (due_by, *owners, *params, limit)
         rows = conn.execute(
-            f"SELECT {COLUMNS} FROM intents WHERE id IN ("
-            " SELECT id FROM (SELECT id FROM intents"
+            f"SELECT {COLUMNS} FROM {intents} WHERE id IN ("
+            f" SELECT id FROM (SELECT id FROM {intents}"
             f"  WHERE state = 'pending' AND due_at <= ?{only} ORDER BY due_at, id LIMIT ?)"
             " UNION"
             # (The lease index's condition in full, which the OR would hide.)
-            f" SELECT id FROM (SELECT id FROM intents WHERE {_INDEXED} AND {expired})"
+            f" SELECT id FROM (SELECT id FROM {intents} WHERE {_INDEXED} AND {expired})"
             " UNION"
-            f" SELECT id FROM (SELECT id FROM intents WHERE {_TAIL} AND {expired})"
+            f" SELECT id FROM (SELECT id FROM {intents} WHERE {self._tail} AND {expired})"
             # A clock that went back leaves due times far ahead: pending rows
             # touched "in the future" are due now (a live lease is never cut short).
             " UNION"
             # (+due_at: sorted, so the planner takes the few rows from intents_touched
             # rather than walking every pending row in intents_due's order.)
-            " SELECT id FROM (SELECT id FROM intents"
+            f" SELECT id FROM (SELECT id FROM {intents}"
             f"  WHERE state = 'pending' AND updated_at > ?{late} ORDER BY +due_at, id LIMIT ?)"
             f") ORDER BY {WAKE_ORDER} LIMIT ?",
             (
@@ -586,8 +663,13 @@ class SQLiteStore(SQLStore):
                 limit,
             ),
         ).fetchall()
-        take_in_the_tail(conn)
+        take_in_the_tail(conn, self.prefix)
         return rows
+
+    @property
+    def app_target(self) -> Target:
+        """Where ``enqueue`` writes through an application's connection to this file."""
+        return Target("sqlite", self.intents_table, str(self.path.resolve()))
 
     def close(self) -> None:
         with self._lock:

@@ -1,22 +1,56 @@
 """The SQLite outbox's schema, one function per version, applied with sqlite-utils.
 
-``MIGRATIONS[n]`` takes a database at schema version n (``PRAGMA user_version``)
-to n + 1; :class:`~postonce._outbox.sqlite.SQLiteStore` applies the missing ones
-in one transaction when it opens a file. The PostgreSQL outbox keeps its
-migrations as SQL files beside this module, in ``postgres/``.
+``MIGRATIONS[n](db, prefix)`` takes a database at schema version n to n + 1;
+:class:`~postonce._outbox.sqlite.SQLiteStore` applies the missing ones in one
+transaction when it opens a file. The PostgreSQL outbox keeps its migrations
+as SQL files beside this module, in ``postgres/``.
+
+``prefix`` starts the name of every table, index and trigger the schema
+creates, and every reference to one inside it (never a column's name):
+
+- ``""`` in an outbox file of its own: ``intents``, ``attempts``,
+  ``intents_swept``, ``intents_due``, ... as every earlier release named them,
+  so an outbox stays readable by the older releases still running against it.
+  Its version is ``PRAGMA user_version``.
+- :data:`PREFIX` (``postonce_``) in another application's database, whose own
+  tables may well be called ``intents``: ``postonce_intents``,
+  ``postonce_attempts``, ``postonce_intents_swept``, ``postonce_intents_due``,
+  ... Its version lives in the one-row table :data:`META`, since the
+  application keeps ``PRAGMA user_version`` for its own schema.
 """
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable
 
 import sqlite_utils
 
-__all__ = ["MIGRATIONS", "SCHEMA_VERSION"]
+__all__ = ["META", "MIGRATIONS", "PREFIX", "SCHEMA_VERSION", "set_version"]
+
+#: The prefix of every name of an outbox inside another application's database.
+PREFIX = "postonce_"
+#: The one-row table holding the schema version of an outbox named with :data:`PREFIX`.
+META = f"{PREFIX}meta"
 
 
-def _v1(db: sqlite_utils.Database) -> None:
-    db.table("intents").create(
+def set_version(conn: sqlite3.Connection, prefix: str, version: int) -> None:
+    """Record the schema version where an outbox of ``prefix`` keeps it (in the caller's
+    transaction): ``PRAGMA user_version`` for an outbox of its own, :data:`META` otherwise."""
+    if not prefix:
+        conn.execute(f"PRAGMA user_version = {int(version)}")
+        return
+    # One row, for good, as the sweep's watermark (_v6).
+    conn.execute(
+        f"CREATE TABLE IF NOT EXISTS {META} (one INTEGER PRIMARY KEY CHECK (one = 1),"
+        " version INTEGER NOT NULL)"
+    )
+    conn.execute(f"INSERT OR REPLACE INTO {META} (one, version) VALUES (1, ?)", (version,))
+
+
+def _v1(db: sqlite_utils.Database, prefix: str) -> None:
+    intents = f"{prefix}intents"
+    db.table(intents).create(
         {
             "id": int,
             "reference": str,
@@ -63,21 +97,23 @@ def _v1(db: sqlite_utils.Database) -> None:
         ],
         defaults={"attempts": 0},
     )
-    db.table("intents").create_index(["reference"], index_name="intents_reference", unique=True)
-    db.table("intents").create_index(["key"], index_name="intents_key", unique=True)
+    db.table(intents).create_index(["reference"], index_name=f"{intents}_reference", unique=True)
+    db.table(intents).create_index(["key"], index_name=f"{intents}_key", unique=True)
     # Partial indexes: only the few rows a claim looks for are in them, so a
     # call that succeeds touches one of them twice (in, then out of "sending")
     # and the claim stays as fast at a million finished rows as at ten thousand.
     # claim_due spells these states as literals so the planner can use them.
     # (purge and stats scan: they are operator commands, not the hot path.)
-    db.execute("CREATE INDEX intents_due ON intents (due_at) WHERE state = 'pending'")
-    db.execute("CREATE INDEX intents_touched ON intents (updated_at) WHERE state = 'pending'")
-    db.execute("CREATE INDEX intents_lease ON intents (lease_expires_at) WHERE state = 'sending'")
+    db.execute(f"CREATE INDEX {intents}_due ON {intents} (due_at) WHERE state = 'pending'")
+    db.execute(f"CREATE INDEX {intents}_touched ON {intents} (updated_at) WHERE state = 'pending'")
+    db.execute(
+        f"CREATE INDEX {intents}_lease ON {intents} (lease_expires_at) WHERE state = 'sending'"
+    )
     # WITHOUT ROWID, keyed by (intent, number): one B-tree per attempt written,
     # not a table and an index.
     db.execute(
-        "CREATE TABLE attempts ("
-        " intent_id INTEGER NOT NULL REFERENCES intents (id),"
+        f"CREATE TABLE {prefix}attempts ("
+        f" intent_id INTEGER NOT NULL REFERENCES {intents} (id),"
         " number INTEGER NOT NULL,"
         " started_at FLOAT NOT NULL,"
         " duration FLOAT NOT NULL,"
@@ -91,31 +127,34 @@ def _v1(db: sqlite_utils.Database) -> None:
     )
 
 
-def _v2(db: sqlite_utils.Database) -> None:
+def _v2(db: sqlite_utils.Database, prefix: str) -> None:
     """Sender identity: who may send an intent (``sender``) and where it goes (``origin``).
 
     Rows written before this version have neither; the first client whose
     origins include a row's origin adopts it (``Store.adopt``). Claims read
     one sender's due rows, so the claim indexes lead with the sender.
     """
-    db.execute("ALTER TABLE intents ADD COLUMN sender TEXT")
-    db.execute("ALTER TABLE intents ADD COLUMN origin TEXT")
-    db.execute("DROP INDEX intents_due")
-    db.execute("DROP INDEX intents_lease")
-    db.execute("CREATE INDEX intents_due ON intents (sender, due_at) WHERE state = 'pending'")
+    intents = f"{prefix}intents"
+    db.execute(f"ALTER TABLE {intents} ADD COLUMN sender TEXT")
+    db.execute(f"ALTER TABLE {intents} ADD COLUMN origin TEXT")
+    db.execute(f"DROP INDEX {intents}_due")
+    db.execute(f"DROP INDEX {intents}_lease")
+    db.execute(f"CREATE INDEX {intents}_due ON {intents} (sender, due_at) WHERE state = 'pending'")
     db.execute(
-        "CREATE INDEX intents_lease ON intents (sender, lease_expires_at) WHERE state = 'sending'"
+        f"CREATE INDEX {intents}_lease ON {intents} (sender, lease_expires_at)"
+        " WHERE state = 'sending'"
     )
-    db.execute("CREATE INDEX intents_unowned ON intents (id) WHERE sender IS NULL")
+    db.execute(f"CREATE INDEX {intents}_unowned ON {intents} (id) WHERE sender IS NULL")
 
 
-def _v3(db: sqlite_utils.Database) -> None:
+def _v3(db: sqlite_utils.Database, prefix: str) -> None:
     """Outcomes reach the application: ``meta``, settlements owed and delivered, reconciling.
 
     ``settle_due_at`` is set while a settlement handler owes a call (from when);
     ``settled_at`` once it returned. ``reconcile_at`` is when a drain may next
     ask the reconciler about an expired intent.
     """
+    intents = f"{prefix}intents"
     for column in (
         "meta TEXT",
         "settle_due_at REAL",
@@ -124,17 +163,18 @@ def _v3(db: sqlite_utils.Database) -> None:
         "settled_at REAL",
         "reconcile_at REAL",
     ):
-        db.execute(f"ALTER TABLE intents ADD COLUMN {column}")
+        db.execute(f"ALTER TABLE {intents} ADD COLUMN {column}")
     db.execute(
-        "CREATE INDEX intents_settle ON intents (sender, settle_due_at)"
+        f"CREATE INDEX {intents}_settle ON {intents} (sender, settle_due_at)"
         " WHERE settle_due_at IS NOT NULL"
     )
     db.execute(
-        "CREATE INDEX intents_expired ON intents (sender, reconcile_at) WHERE state = 'expired'"
+        f"CREATE INDEX {intents}_expired ON {intents} (sender, reconcile_at)"
+        " WHERE state = 'expired'"
     )
 
 
-def _v4(db: sqlite_utils.Database) -> None:
+def _v4(db: sqlite_utils.Database, prefix: str) -> None:
     """The key index holds only intents named apart from their key.
 
     A call without ``intent=`` is its own intent: its reference is its key,
@@ -147,23 +187,24 @@ def _v4(db: sqlite_utils.Database) -> None:
     not in Python, so it also holds against a process of an older release
     that opened the file before this migration and keeps writing.
     """
-    db.execute("DROP INDEX intents_key")
-    db.execute("CREATE UNIQUE INDEX intents_key ON intents (key) WHERE key != reference")
+    intents = f"{prefix}intents"
+    db.execute(f"DROP INDEX {intents}_key")
+    db.execute(f"CREATE UNIQUE INDEX {intents}_key ON {intents} (key) WHERE key != reference")
     db.execute(
-        "CREATE TRIGGER intents_key_unnamed BEFORE INSERT ON intents"
+        f"CREATE TRIGGER {intents}_key_unnamed BEFORE INSERT ON {intents}"
         " WHEN NEW.key = NEW.reference AND EXISTS"
-        " (SELECT 1 FROM intents WHERE key = NEW.key AND key != reference)"
+        f" (SELECT 1 FROM {intents} WHERE key = NEW.key AND key != reference)"
         " BEGIN SELECT RAISE(IGNORE); END"
     )
     db.execute(
-        "CREATE TRIGGER intents_key_named BEFORE INSERT ON intents"
+        f"CREATE TRIGGER {intents}_key_named BEFORE INSERT ON {intents}"
         " WHEN NEW.key != NEW.reference AND EXISTS"
-        " (SELECT 1 FROM intents WHERE reference = NEW.key AND key = reference)"
+        f" (SELECT 1 FROM {intents} WHERE reference = NEW.key AND key = reference)"
         " BEGIN SELECT RAISE(IGNORE); END"
     )
 
 
-def _v5(db: sqlite_utils.Database) -> None:
+def _v5(db: sqlite_utils.Database, prefix: str) -> None:
     """The lease index holds every row with a lease expiry, not only the sending ones.
 
     An intent enters it with its write-ahead. Before this version its answer
@@ -176,14 +217,15 @@ def _v5(db: sqlite_utils.Database) -> None:
     A process of an older release keeps clearing the expiry with each answer:
     its rows simply leave the index at once.
     """
-    db.execute("DROP INDEX intents_lease")
+    intents = f"{prefix}intents"
+    db.execute(f"DROP INDEX {intents}_lease")
     db.execute(
-        "CREATE INDEX intents_lease ON intents (sender, lease_expires_at)"
+        f"CREATE INDEX {intents}_lease ON {intents} (sender, lease_expires_at)"
         " WHERE lease_expires_at IS NOT NULL"
     )
 
 
-def _v6(db: sqlite_utils.Database) -> None:
+def _v6(db: sqlite_utils.Database, prefix: str) -> None:
     """A new intent enters the lease index only if it is still in flight at a sweep.
 
     The write-ahead marks its row ``fresh``: out of the lease index, so that
@@ -208,36 +250,39 @@ def _v6(db: sqlite_utils.Database) -> None:
     whole table, which finds a fresh row at once but costs O(table) per
     claim until every process is upgraded.
     """
-    db.execute("ALTER TABLE intents ADD COLUMN fresh INTEGER")
+    intents = f"{prefix}intents"
+    db.execute(f"ALTER TABLE {intents} ADD COLUMN fresh INTEGER")
     # One row, for good: a missing watermark would hide the tail from every claim.
     db.execute(
-        "CREATE TABLE intents_swept (one INTEGER PRIMARY KEY CHECK (one = 1),"
+        f"CREATE TABLE {intents}_swept (one INTEGER PRIMARY KEY CHECK (one = 1),"
         " upto INTEGER NOT NULL)"
     )
-    db.execute("INSERT INTO intents_swept (one, upto) SELECT 1, coalesce(max(id), 0) FROM intents")
     db.execute(
-        "CREATE TRIGGER intents_swept_stays BEFORE DELETE ON intents_swept"
+        f"INSERT INTO {intents}_swept (one, upto) SELECT 1, coalesce(max(id), 0) FROM {intents}"
+    )
+    db.execute(
+        f"CREATE TRIGGER {intents}_swept_stays BEFORE DELETE ON {intents}_swept"
         " BEGIN SELECT RAISE(ABORT, 'the outbox needs its sweep watermark'); END"
     )
-    db.execute("DROP INDEX intents_lease")
+    db.execute(f"DROP INDEX {intents}_lease")
     db.execute(
-        "CREATE INDEX intents_lease ON intents (sender, lease_expires_at)"
+        f"CREATE INDEX {intents}_lease ON {intents} (sender, lease_expires_at)"
         " WHERE lease_expires_at IS NOT NULL AND fresh IS NULL"
     )
     db.execute(
-        "CREATE TRIGGER intents_fresh_leased AFTER UPDATE OF lease_expires_at ON intents"
+        f"CREATE TRIGGER {intents}_fresh_leased AFTER UPDATE OF lease_expires_at ON {intents}"
         " WHEN NEW.fresh IS NOT NULL AND NEW.state = 'sending'"
-        " BEGIN UPDATE intents SET fresh = NULL WHERE id = NEW.id; END"
+        f" BEGIN UPDATE {intents} SET fresh = NULL WHERE id = NEW.id; END"
     )
     db.execute(
-        "CREATE TRIGGER intents_swept_back AFTER DELETE ON intents"
-        " WHEN OLD.id >= coalesce((SELECT upto FROM intents_swept), 0)"
-        " BEGIN UPDATE intents_swept"
-        " SET upto = min(upto, (SELECT coalesce(max(id), 0) FROM intents)); END"
+        f"CREATE TRIGGER {intents}_swept_back AFTER DELETE ON {intents}"
+        f" WHEN OLD.id >= coalesce((SELECT upto FROM {intents}_swept), 0)"
+        f" BEGIN UPDATE {intents}_swept"
+        f" SET upto = min(upto, (SELECT coalesce(max(id), 0) FROM {intents})); END"
     )
 
 
-def _v7(db: sqlite_utils.Database) -> None:
+def _v7(db: sqlite_utils.Database, prefix: str) -> None:
     """A reconciler is asked about indeterminate intents as about expired ones.
 
     ``indeterminate`` is a new state (an answer that leaves the effect
@@ -250,14 +295,15 @@ def _v7(db: sqlite_utils.Database) -> None:
     its listing and its settlement pass fail on one: upgrade every process
     before relying on the new state.
     """
-    db.execute("DROP INDEX intents_expired")
+    intents = f"{prefix}intents"
+    db.execute(f"DROP INDEX {intents}_expired")
     db.execute(
-        "CREATE INDEX intents_unresolved ON intents (sender, reconcile_at)"
+        f"CREATE INDEX {intents}_unresolved ON {intents} (sender, reconcile_at)"
         " WHERE state IN ('expired', 'indeterminate')"
     )
 
 
-def _v8(db: sqlite_utils.Database) -> None:
+def _v8(db: sqlite_utils.Database, prefix: str) -> None:
     """An intent sent with a call's own secrets says which: ``needs``.
 
     A JSON list of their names (headers in lower case, query parameters as
@@ -265,11 +311,11 @@ def _v8(db: sqlite_utils.Database) -> None:
     client's own credentials, as every row written before this version. A
     process of an older release neither writes nor reads it.
     """
-    db.execute("ALTER TABLE intents ADD COLUMN needs TEXT")
+    db.execute(f"ALTER TABLE {prefix}intents ADD COLUMN needs TEXT")
 
 
-#: MIGRATIONS[n] takes a database at schema version n to n + 1.
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
+#: MIGRATIONS[n](db, prefix) takes a database at schema version n to n + 1.
+MIGRATIONS: list[Callable[[sqlite_utils.Database, str], None]] = [
     _v1,
     _v2,
     _v3,
