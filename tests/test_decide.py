@@ -376,3 +376,24 @@ def test_stored_header_pairs_are_the_json_of_the_pairs(pairs: tuple[tuple[str, s
     assert json.loads(text) == json.loads(json.dumps(pairs)) == [list(p) for p in pairs]
     assert text == json.dumps(pairs, separators=(",", ":"))
     assert decide.headers_json(pairs) == text
+
+
+def test_an_enqueued_row_is_pending_due_now_leased_to_no_one_and_never_sent() -> None:
+    """Written in the application's transaction: a drain may claim it once committed."""
+    row = decide.enqueued_row(NEW, NOW)
+    written = decide.insert_row(NEW, LEASE, NOW)
+    assert {
+        name: row[name]
+        for name in ("state", "due_at", "first_delivery_at", "lease_owner", "lease_expires_at")
+    } == {
+        "state": State.PENDING.value,
+        "due_at": NOW,
+        "first_delivery_at": None,  # its horizon starts at its first claim
+        "lease_owner": None,
+        "lease_expires_at": None,
+    }
+    assert row["claim_token"] is None
+    unchanged = set(written) - {
+        "state", "due_at", "first_delivery_at", "lease_owner", "lease_expires_at", "claim_token"
+    }  # fmt: skip
+    assert {name: row[name] for name in unchanged} == {name: written[name] for name in unchanged}

@@ -40,6 +40,7 @@ def run_python(code: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
         "README.md",
         "docs/index.md",
         "docs/drain.md",
+        "docs/dual-write.md",
         "docs/async.md",
         "docs/hosts.md",
         "docs/senders.md",

@@ -46,7 +46,7 @@ LAYERS = [
     {"_intent", "_classify", "_engine", "_policy", "_keys", "_diff", "_budget", "providers"},
     {"_flow", "_settle"},
     {"_outbox"},
-    {"_client", "_async_client", "_drain", "_base"},
+    {"_client", "_async_client", "_drain", "_base", "_appdb"},
 ]
 
 

@@ -19,6 +19,7 @@ import anyio
 import httpx
 from typing_extensions import Unpack
 
+from ._appdb import async_app_connection, enqueue_steps
 from ._base import BaseClient, OnceOptions, named, with_options
 from ._budget import RetryBudget
 from ._drain import (
@@ -37,7 +38,7 @@ from ._drain import (
 )
 from ._exceptions import OutboxError, PostonceError
 from ._flow import Abandoned, Callback, Effect, Send, Sender, Sleep, StoreCall, run
-from ._intent import Census, IntentRecord, NewIntent, Opened, State
+from ._intent import Census, IntentInfo, IntentRecord, NewIntent, Opened, State
 from ._observe import (
     Hooks,
     Pending,
@@ -434,6 +435,28 @@ class AsyncClient(BaseClient):
     ) -> httpx.Response:
         """``request_once("DELETE", url, ...)``."""
         return await self._once("DELETE", url, options, "delete_once")
+
+    async def enqueue(
+        self,
+        url: httpx.URL | str,
+        *,
+        connection: Any,
+        method: str = "POST",
+        **options: Unpack[OnceOptions],
+    ) -> IntentInfo:
+        """Write an intent in the application's transaction; see :meth:`postonce.Client.enqueue`.
+
+        ``connection``: a ``psycopg.AsyncConnection``, or a SQLAlchemy
+        ``AsyncConnection`` or ``AsyncSession``, to the outbox's database.
+        """
+        new = self._plan_enqueue(method, url, options)
+        try:
+            thread = await self._store_thread()
+            target = await anyio.to_thread.run_sync(self._target_of, thread.store, new)
+        except PostonceError as exc:
+            raise self._enqueue_refused(exc, new) from exc
+        writer = await async_app_connection(connection, new)
+        return await writer.drive(enqueue_steps(target, new, self._clock()), new)
 
     # -- the drain -----------------------------------------------------------
 

@@ -41,7 +41,7 @@ from ._http import adapt_timeout, library_of
 from ._intent import TERMINAL, IntentRecord, NewIntent, Opened, State
 from ._lease import new_owner
 from ._observe import Hooks
-from ._outbox.base import Store
+from ._outbox.base import Store, Target
 from ._outbox.locate import OutboxSpec, check_spec, open_store
 from ._pace import Pace
 from ._policy import TESTING, RetryPolicy
@@ -619,6 +619,54 @@ class BaseClient:
         except PostonceError as exc:
             raise named(exc, prepared.reference, prepared.key) from exc
         return prepared, sender, new, ticket
+
+    def _plan_enqueue(self, method: str, url: httpx.URL | str, options: OnceOptions) -> NewIntent:
+        """Check, encode and fingerprint an intent to write in the application's transaction.
+
+        Every rule a ``*_once`` call applies before its write-ahead applies here.
+        A drain sends it, as its own client sends: this call takes no ``retry=``
+        or ``timeout=`` of its own.
+        """
+        for name in ("retry", "timeout"):
+            if name in options:
+                raise TypeError(
+                    f"{type(self).__name__}.enqueue() takes no {name}=: a drain sends the "
+                    f"intent, with its own client's {name}"
+                )
+        try:
+            _, _, new = self._plan(method, url, **options)
+        except TypeError:
+            refuse_unknown(self, "enqueue", options)
+            raise
+        return new
+
+    @staticmethod
+    def _enqueue_refused(exc: PostonceError, new: NewIntent) -> PostonceError:
+        """An error opening the outbox for ``enqueue``, named, and explained if it is a lock."""
+        if isinstance(exc, OutboxError) and "locked" in exc.message:
+            return OutboxError(
+                f"{exc.message}: the outbox's tables are created or migrated when it is first "
+                "opened, which needs the database's write lock, and a transaction that has "
+                "written holds it. Open the outbox when the application starts, before any "
+                "transaction (client.outbox)",
+                reference=new.reference,
+                key=new.key,
+            )
+        return named(exc, new.reference, new.key)
+
+    @staticmethod
+    def _target_of(store: Store, new: NewIntent) -> Target:
+        """Where the application's connection must write ``new``: the outbox's table."""
+        target: Target | None = getattr(store, "app_target", None)
+        if target is None:
+            raise ConfigurationError(
+                "enqueue writes through the application's own database connection, so the "
+                "outbox must live in that database: a SQLite file (sqlite:///app.db?create=1 "
+                "for the application's own file) or PostgreSQL; nothing was written",
+                reference=new.reference,
+                key=new.key,
+            )
+        return target
 
     def _plan(
         self,

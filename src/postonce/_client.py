@@ -6,11 +6,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Generator, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Literal
 
 import httpx
 from typing_extensions import Unpack
 
+from ._appdb import app_connection, enqueue_steps
 from ._base import (
     BaseClient,
     OnceOptions,
@@ -32,7 +34,7 @@ from ._drain import (
 )
 from ._exceptions import OutboxError, PostonceError
 from ._flow import Abandoned, Callback, Effect, Send, Sender, Sleep, StoreCall, run
-from ._intent import IntentRecord, NewIntent, Opened, State
+from ._intent import IntentInfo, IntentRecord, NewIntent, Opened, State
 from ._observe import Hooks, SendDetail, sending
 from ._outbox.base import Store
 from ._outbox.locate import OutboxSpec
@@ -361,6 +363,43 @@ class Client(BaseClient):
         """``request_once("DELETE", url, ...)``."""
         return self._once("DELETE", url, options, "delete_once")
 
+    def enqueue(
+        self,
+        url: httpx.URL | str,
+        *,
+        connection: Any,
+        method: str = "POST",
+        **options: Unpack[OnceOptions],
+    ) -> IntentInfo:
+        """Write an intent in the application's own transaction; send nothing.
+
+        ``connection`` is the application's open connection to the database the
+        outbox lives in (``sqlite3.Connection``, ``psycopg.Connection``, or a
+        SQLAlchemy ``Connection`` or ``Session``): the intent is inserted there,
+        in the transaction the application commits with its own rows, or rolls
+        back with them. Nothing is committed, rolled back or sent here. Once
+        committed, a drain sends it (on PostgreSQL a running worker drain is
+        woken by the commit), or ``post_once`` with the same ``intent`` and
+        request resumes it with its stored key.
+
+        Every rule of ``post_once`` applies before anything is written, and
+        bad input is refused with nothing written: an :class:`InvalidRequest`
+        for the request or the connection (closed, in autocommit outside a
+        transaction, to another database), an :class:`IntentConflict` if the
+        intent is stored with another request. The same intent and request
+        enqueued again writes nothing and returns the stored intent
+        (``from_outbox=True``). The options are ``post_once``'s, less
+        ``retry`` and ``timeout``: the drain sends with its own client's.
+        """
+        new = self._plan_enqueue(method, url, options)
+        try:
+            store = self.outbox
+            target = self._target_of(store, new)
+        except PostonceError as exc:
+            raise self._enqueue_refused(exc, new) from exc
+        writer = app_connection(connection, new)
+        return writer.drive(enqueue_steps(target, new, self._clock()), new)
+
     # -- the drain -----------------------------------------------------------
 
     def drain(
@@ -437,7 +476,7 @@ class Client(BaseClient):
             flow = self._release_flow(opened, due_at=due_at)
             self._drive(flow, store, opened.record.reference, "")
 
-        with stop_on_signals(stop):
+        with stop_on_signals(stop), self._idle_wait(store, forever, stop) as idle:
             report = run_drain(
                 claim=claim,
                 process=process,
@@ -453,6 +492,7 @@ class Client(BaseClient):
                 closed=lambda: self._closed,
                 progress=progress,
                 aftercare=lambda: self._aftercare_quietly(store, tally),
+                idle=idle,
             )
         # Counted after the drain, best effort: a drain that could not count still drained.
         census = self._census_call()
@@ -463,6 +503,18 @@ class Client(BaseClient):
             self.origins,
             outbox_name(store),
         )
+
+    @staticmethod
+    def _idle_wait(
+        store: Store, forever: bool, stop: threading.Event
+    ) -> AbstractContextManager[Callable[[float], object]]:
+        """How a worker drain waits when nothing is due: woken on PostgreSQL by an enqueue's
+        commit (NOTIFY), else until its interval passes or it is stopped."""
+        listener = getattr(store, "due_listener", None)
+        if forever and listener is not None:
+            waiting: AbstractContextManager[Callable[[float], object]] = listener(stop)
+            return waiting
+        return nullcontext(stop.wait)
 
     def _aftercare_quietly(self, store: Store, tally: Tally) -> None:
         """Reconcile and settle between drain passes; an outbox failure waits for the next."""

@@ -600,6 +600,7 @@ def run_drain(
     closed: Callable[[], bool] = lambda: False,
     progress: Callable[[DrainReport], None] | None = None,
     aftercare: Callable[[], None] | None = None,
+    idle: Callable[[float], object] | None = None,
 ) -> DrainReport:
     """Claim and process batches of due intents until none is due (or until stopped).
 
@@ -614,7 +615,9 @@ def run_drain(
     ends (``pace``, which also spaces sends at its rate). Without
     ``forever``, only intents due when the drain started
     are taken, so each is sent at most once. ``aftercare`` (reconciliation,
-    settlements) runs whenever nothing is due.
+    settlements) runs whenever nothing is due; then a ``forever`` drain waits
+    ``idle(interval)`` (default ``stop.wait``; on PostgreSQL, ended early by an
+    enqueued intent's commit).
     """
     drain = _Drain(
         claim,
@@ -642,7 +645,7 @@ def run_drain(
                     aftercare()
                 if not forever:
                     break
-                stop.wait(interval)
+                (idle or stop.wait)(interval)
                 continue
             # (Claiming the next batch while this one's last sends run was tried:
             # slower on a CPU-bound drain, so batches stay simple.)

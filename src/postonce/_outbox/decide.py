@@ -140,6 +140,26 @@ def insert_row(new: NewIntent, lease: Lease, now: float) -> Changes:
     return row
 
 
+def enqueued_row(new: NewIntent, now: float) -> Changes:
+    """The columns of an intent written in the application's transaction, sent by a drain.
+
+    Pending and due at once, leased to no one: nothing is sent until the
+    transaction commits and a drain claims it (or ``post_once`` of the same
+    intent resumes it). Never sent yet, so its horizon starts at its first
+    claim, as a released claim's does.
+    """
+    row = insert_row(new, Lease(0, "", "", 0.0), now)
+    row.update(
+        state=State.PENDING.value,
+        due_at=now,
+        first_delivery_at=None,
+        lease_owner=None,
+        lease_expires_at=None,
+        claim_token=None,
+    )
+    return row
+
+
 def created(new: NewIntent, intent_id: int, lease: Lease, now: float) -> Opened:
     """What ``open_intent`` hands back for the row :func:`insert_row` wrote."""
     record = IntentRecord(

@@ -26,8 +26,10 @@ that threads make at the same time are committed together (group commit).
 
 from __future__ import annotations
 
+import functools
 import select
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -40,7 +42,7 @@ from .._engine import CLOCK_TOLERANCE
 from .._exceptions import ConfigurationError, OutboxError
 from .._intent import TERMINAL
 from . import decide
-from .base import AttemptRecord, Lease, Opened
+from .base import AttemptRecord, Lease, Opened, Target
 from .migrations.postgres import (
     MIGRATIONS,
     SCHEMA_VERSION,
@@ -67,6 +69,8 @@ _REFUSED = ("22", "23", "40")
 #: group. Local to the transaction, which for a statement alone in autocommit is
 #: the statement's own: evaluated before the commit it governs.
 _DURABILITY = "set_config('synchronous_commit', %s, true)"
+#: How often a drain's idle wait on NOTIFY looks at its stop event (seconds).
+_STOP_LOOK = 0.25
 
 
 def _quiet(conn: psycopg.Connection[Any]) -> bool:
@@ -707,6 +711,50 @@ class PostgresStore(SQLStore):
                     break
         except psycopg.Error as exc:
             raise self._failed(exc) from exc
+
+    @property
+    def due_channel(self) -> str:
+        """The channel NOTIFY'd when an intent written in an application's transaction commits."""
+        return f"postonce_due_{self.schema}"[:63]
+
+    @functools.cached_property
+    def app_target(self) -> Target:
+        """Where ``enqueue`` writes through an application's connection to this database."""
+        try:
+            with self._pool.connection() as conn:
+                row = conn.execute("SELECT current_database()").fetchone()
+        except psycopg.Error as exc:
+            raise self._failed(exc) from exc
+        assert row is not None
+        return Target("postgres", self._tables["intents"], str(row[0]), self.due_channel)
+
+    @contextmanager
+    def due_listener(self, stop: threading.Event) -> Iterator[Callable[[float], None]]:
+        """A drain's idle wait: it ends when an enqueued intent commits (LISTEN), or at a stop.
+
+        One connection listens for the drain's whole run, so a commit between two
+        waits is heard at the next. If it fails, the wait falls back to sleeping.
+        """
+        try:
+            listening = psycopg.connect(self.url, autocommit=True)
+            listening.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.due_channel)))
+        except psycopg.Error as exc:
+            raise self._failed(exc) from exc
+
+        def wait(timeout: float) -> None:
+            end = time.monotonic() + timeout
+            while not stop.is_set() and (left := end - time.monotonic()) > 0:
+                try:
+                    for _ in listening.notifies(timeout=min(left, _STOP_LOOK), stop_after=1):
+                        return
+                except psycopg.Error:
+                    stop.wait(left)
+                    return
+
+        try:
+            yield wait
+        finally:
+            listening.close()
 
     def close(self) -> None:
         self._pool.close()
