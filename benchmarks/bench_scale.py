@@ -154,7 +154,7 @@ def create(spec: str, rows: Iterator[tuple[Any, ...]]) -> None:
             conn.execute("PRAGMA synchronous = OFF")
             conn.execute("BEGIN IMMEDIATE")
             marks = ", ".join("?" for _ in COLUMNS)
-            conn.executemany(f"INSERT INTO intents ({columns}) VALUES ({marks})", rows)  # noqa: S608
+            conn.executemany(f"INSERT INTO intents ({columns}) VALUES ({marks})", rows)
             # The stores that wrote these rows would have swept their tails as they went.
             conn.execute(
                 "UPDATE intents_swept SET upto = (SELECT coalesce(max(id), 0) FROM intents)"
