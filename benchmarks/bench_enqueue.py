@@ -88,6 +88,7 @@ def run_backend(backend: str, args: argparse.Namespace, pinned: Any) -> float:
     rng, added = random.Random(args.seed), []
     try:
         with postonce.Client(pinned.server.origin, outbox=app.outbox) as client:
+            client.outbox  # noqa: B018 (opened, its tables created, before any transaction)
             timed = arms(app, client, "?" if backend == "sqlite" else "%s")
             for n in range(args.warmup):
                 for arm in timed.values():
