@@ -14,9 +14,11 @@ and their async twins on the ``pysqlite``, ``aiosqlite`` and ``psycopg`` drivers
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import sys
+import weakref
 from collections.abc import Generator
 from typing import Any, Literal, NamedTuple
 
@@ -49,7 +51,7 @@ class Statement(NamedTuple):
 
 
 def enqueue_steps(
-    target: Target, new: NewIntent, now: float
+    target: Target, new: NewIntent, now: float, *, checked: bool = False
 ) -> Generator[Statement, Rows, IntentInfo]:
     """Write ``new`` through the application's connection: its statements, and what they mean.
 
@@ -59,12 +61,14 @@ def enqueue_steps(
     writes nothing on any unique conflict (so the application's transaction
     never sees an error), and, only if it wrote nothing, a read of what is
     stored: the same request is that intent, already enqueued; another is
-    an :class:`IntentConflict`.
+    an :class:`IntentConflict`. ``checked``: this connection was found to reach
+    the outbox's database before (the check is left out).
     """
-    seen = yield _where(target)
-    refused = other_database(target, seen)
-    if refused is not None:
-        raise InvalidRequest(refused, reference=new.reference, key=new.key)
+    if not checked:
+        seen = yield _where(target)
+        refused = other_database(target, seen)
+        if refused is not None:
+            raise InvalidRequest(refused, reference=new.reference, key=new.key)
     row = decide.enqueued_row(new, now)
     written = yield _insert(target, row)
     if written:
@@ -148,11 +152,36 @@ def already_enqueued(record: IntentRecord | None, new: NewIntent) -> IntentInfo:
 # -- the connections ---------------------------------------------------------------
 
 
-class AppConnection:
-    """A sync connection of the application's, as :func:`enqueue_steps` runs on it."""
+#: psycopg connections found to reach an outbox's database: a connection's database
+#: never changes, so each is checked once (a round trip saved on every later enqueue).
+#: (sqlite3 connections take no weak reference; their check is a local read.)
+_REACHED: weakref.WeakKeyDictionary[Any, Target] = weakref.WeakKeyDictionary()
 
-    def __init__(self, run: Any, dialect: Dialect) -> None:
-        self._run, self.dialect = run, dialect
+
+def _checked(driver: Any, target: Target) -> bool:
+    try:
+        return _REACHED.get(driver) == target
+    except TypeError:  # not weakly referenceable
+        return False
+
+
+def _remember(driver: Any, target: Target) -> None:
+    with contextlib.suppress(TypeError):
+        _REACHED[driver] = target
+
+
+class AppConnection:
+    """A sync connection of the application's (``driver``: the DB-API one beneath it)."""
+
+    def __init__(self, run: Any, dialect: Dialect, driver: Any) -> None:
+        self._run, self.dialect, self._driver = run, dialect, driver
+
+    def enqueue(self, target: Target, new: NewIntent, now: float) -> IntentInfo:
+        """Write ``new`` in the application's transaction (:func:`enqueue_steps`)."""
+        steps = enqueue_steps(target, new, now, checked=_checked(self._driver, target))
+        info = self.drive(steps, new)
+        _remember(self._driver, target)
+        return info
 
     def drive(self, steps: Generator[Statement, Rows, IntentInfo], named: NewIntent) -> IntentInfo:
         rows: Rows | None = None
@@ -165,10 +194,17 @@ class AppConnection:
 
 
 class AsyncAppConnection:
-    """An async connection of the application's, as :func:`enqueue_steps` runs on it."""
+    """An async connection of the application's (``driver``: the one beneath it)."""
 
-    def __init__(self, run: Any, dialect: Dialect) -> None:
-        self._run, self.dialect = run, dialect
+    def __init__(self, run: Any, dialect: Dialect, driver: Any) -> None:
+        self._run, self.dialect, self._driver = run, dialect, driver
+
+    async def enqueue(self, target: Target, new: NewIntent, now: float) -> IntentInfo:
+        """Write ``new`` in the application's transaction (:func:`enqueue_steps`)."""
+        steps = enqueue_steps(target, new, now, checked=_checked(self._driver, target))
+        info = await self.drive(steps, new)
+        _remember(self._driver, target)
+        return info
 
     async def drive(
         self, steps: Generator[Statement, Rows, IntentInfo], named: NewIntent
@@ -248,15 +284,16 @@ def app_connection(connection: Any, named: NewIntent) -> AppConnection:
     """
     if isinstance(connection, sqlite3.Connection):
         _check_sqlite(connection, named)
-        return AppConnection(_sqlite_run(connection), "sqlite")
+        return AppConnection(_sqlite_run(connection), "sqlite", connection)
     if _module(connection) == "psycopg" and not _awaits(connection):
         _check_psycopg(connection, named)
-        return AppConnection(_psycopg_run(connection), "postgres")
+        return AppConnection(_psycopg_run(connection), "postgres", connection)
     alchemy = _sqlalchemy_sync(connection)
     if alchemy is not None:
         dialect = _alchemy_dialect(alchemy, named)
-        _check_driver(alchemy.connection.driver_connection, named)
-        return AppConnection(_sqlalchemy_run(alchemy), dialect)
+        driver = alchemy.connection.driver_connection
+        _check_driver(driver, named)
+        return AppConnection(_sqlalchemy_run(alchemy), dialect, driver)
     raise _unknown(connection, named, "a sync")
 
 
@@ -269,7 +306,7 @@ async def async_app_connection(connection: Any, named: NewIntent) -> AsyncAppCon
             cursor = await connection.execute(statement.sql, statement.params)
             return list(await cursor.fetchall())
 
-        return AsyncAppConnection(run_aiosqlite, "sqlite")
+        return AsyncAppConnection(run_aiosqlite, "sqlite", connection)
     if _module(connection) == "psycopg" and _awaits(connection):
         _check_psycopg(connection, named)
 
@@ -277,7 +314,7 @@ async def async_app_connection(connection: Any, named: NewIntent) -> AsyncAppCon
             cursor = await connection.execute(statement.sql, statement.params)
             return list(await cursor.fetchall()) if cursor.description is not None else []
 
-        return AsyncAppConnection(run_psycopg, "postgres")
+        return AsyncAppConnection(run_psycopg, "postgres", connection)
     alchemy = await _sqlalchemy_async(connection)
     if alchemy is not None:
         dialect = _alchemy_dialect(alchemy, named)
@@ -288,7 +325,7 @@ async def async_app_connection(connection: Any, named: NewIntent) -> AsyncAppCon
             result = await alchemy.exec_driver_sql(statement.sql, statement.params)
             return [tuple(row) for row in result.fetchall()] if result.returns_rows else []
 
-        return AsyncAppConnection(run_alchemy, dialect)
+        return AsyncAppConnection(run_alchemy, dialect, raw.driver_connection)
     raise _unknown(connection, named, "an async")
 
 

@@ -19,7 +19,7 @@ import anyio
 import httpx
 from typing_extensions import Unpack
 
-from ._appdb import async_app_connection, enqueue_steps
+from ._appdb import async_app_connection
 from ._base import BaseClient, OnceOptions, named, with_options
 from ._budget import RetryBudget
 from ._drain import (
@@ -456,7 +456,7 @@ class AsyncClient(BaseClient):
         except PostonceError as exc:
             raise self._enqueue_refused(exc, new) from exc
         writer = await async_app_connection(connection, new)
-        return await writer.drive(enqueue_steps(target, new, self._clock()), new)
+        return await writer.enqueue(target, new, self._clock())
 
     # -- the drain -----------------------------------------------------------
 

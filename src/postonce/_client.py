@@ -12,7 +12,7 @@ from typing import Any, Literal
 import httpx
 from typing_extensions import Unpack
 
-from ._appdb import app_connection, enqueue_steps
+from ._appdb import app_connection
 from ._base import (
     BaseClient,
     OnceOptions,
@@ -397,8 +397,7 @@ class Client(BaseClient):
             target = self._target_of(store, new)
         except PostonceError as exc:
             raise self._enqueue_refused(exc, new) from exc
-        writer = app_connection(connection, new)
-        return writer.drive(enqueue_steps(target, new, self._clock()), new)
+        return app_connection(connection, new).enqueue(target, new, self._clock())
 
     # -- the drain -----------------------------------------------------------
 

@@ -666,7 +666,7 @@ class SQLiteStore(SQLStore):
         take_in_the_tail(conn, self.prefix)
         return rows
 
-    @property
+    @functools.cached_property
     def app_target(self) -> Target:
         """Where ``enqueue`` writes through an application's connection to this file."""
         return Target("sqlite", self.intents_table, str(self.path.resolve()))
