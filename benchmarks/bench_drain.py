@@ -286,10 +286,11 @@ def catch_up(
     claim_us = claim_p50(spec, url)
     go_at = time.time() + 2.0 + processes  # every process has opened its outbox by then
     with ProcessPoolExecutor(processes, mp_context=get_context("spawn")) as pool:
-        many = [[spec] * processes, [url] * processes, [concurrency] * processes]
-        drained = list(
-            pool.map(catch_up_child, *many, [transport] * processes, [go_at] * processes)
-        )
+        runs = [
+            pool.submit(catch_up_child, spec, url, concurrency, transport, go_at)
+            for _ in range(processes)
+        ]
+        drained = [run.result() for run in runs]
     times = sorted(t for d in drained for t in d.times)
     keys = [k for d in drained for k in d.keys]
     if len(keys) != count or len(set(keys)) != count:
