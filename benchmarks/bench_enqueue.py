@@ -15,21 +15,26 @@ the outbox's tables inside it; psycopg 3 on the database that holds the outbox):
 Nothing is sent. Prints each arm's p50 and p99 (us) per repeat, and what enqueue
 adds at the median (min/median/max over the repeats). The commit's own cost (an
 fsync on SQLite with the default ``synchronous``; a WAL flush on PostgreSQL)
-is in both arms.
+is in both arms. Then, on PostgreSQL, ``--wakes`` intents enqueued one at a time
+while a worker drain (``interval=5``) runs: the delay from each commit to its
+send, which the commit's NOTIFY brings forward.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import sqlite3
 import statistics
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import httpx
 import psycopg
 from _harness import Spread, common_args, percentile, pinned_server, print_facts, run_main
 from bench_drain import drop_postgres, fresh_postgres
@@ -117,18 +122,71 @@ def run_backend(backend: str, args: argparse.Namespace, pinned: Any) -> float:
     return spread.median
 
 
+class Sent(httpx.BaseTransport):
+    """The drain's transport: notes when each request leaves, by key."""
+
+    def __init__(self, inner: httpx.BaseTransport) -> None:
+        self.inner, self.at = inner, dict[str, float]()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.at[request.headers["idempotency-key"]] = time.perf_counter()
+        return self.inner.handle_request(request)
+
+
+def wake_delays(args: argparse.Namespace, pinned: Any) -> list[float]:
+    """PostgreSQL: from an enqueue's commit to its first send by a worker drain, in ms.
+
+    The worker's interval is 5 s: a send within it was woken by the commit's NOTIFY.
+    """
+    app, sent = open_app("postgres", args, pinned.workdir), Sent(httpx.HTTPTransport())
+    stop, delays = threading.Event(), []
+    try:
+        with postonce.Client(pinned.server.origin, outbox=app.outbox, transport=sent) as client:
+            worker = threading.Thread(
+                target=client.drain, kwargs={"forever": True, "interval": 5.0, "stop": stop}
+            )
+            worker.start()
+            time.sleep(1.0)  # the worker is listening
+            for n in range(args.wakes):
+                info = client.enqueue(
+                    "/v1/charges", connection=app.conn, intent=f"wake-{n}", json={"n": n}
+                )
+                committed = time.perf_counter()
+                app.conn.commit()
+                while info.key not in sent.at and time.perf_counter() - committed < 10:
+                    time.sleep(0.0005)
+                delays.append((sent.at.get(info.key, math.inf) - committed) * 1e3)
+            stop.set()
+            worker.join()
+    finally:
+        stop.set()
+        app.clean_up()
+    print(
+        f"postgres: commit to first send by a worker drain, {args.wakes} intents: "
+        f"p50 {statistics.median(delays):.1f} ms, p99 {percentile(delays, 99):.1f} ms, "
+        f"max {max(delays):.1f} ms (its interval: 5000 ms)"
+    )
+    return delays
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--backends", default="sqlite,postgres")
     parser.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432/test")
     parser.add_argument("--transactions", type=int, default=500, help="per arm and repeat")
     parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--wakes", type=int, default=50, help="PostgreSQL commit-to-send samples")
     common_args(parser, seed=3)
     args = parser.parse_args(argv)
     with pinned_server(".tmp-enqueue-", args.dir) as pinned:
         print_facts(pinned, f"{args.transactions} transactions per arm and repeat")
         added = {b: run_backend(b, args, pinned) for b in args.backends.split(",")}
-    print("SUMMARY enqueue: " + "; ".join(f"{b} +{us:.0f} us p50" for b, us in added.items()))
+        woken = wake_delays(args, pinned) if "postgres" in added and args.wakes else [math.nan]
+    print(
+        "SUMMARY enqueue: "
+        + "; ".join(f"{b} +{us:.0f} us p50" for b, us in added.items())
+        + f"; commit to first send p50 {statistics.median(woken):.1f} ms"
+    )
     return 0
 
 

@@ -332,7 +332,7 @@ SMOKE = {
     "catch-up-postgres": ["bench_drain.py", "--catch-up", "200", "--concurrency", "4",
                           "--transport", "loopback", "--shapes", "crash", "--processes", "2",
                           "--backend", "postgres", "--pg", PG],
-    "enqueue": ["bench_enqueue.py", "--transactions", "10", "--warmup", "2", "--repeats", "1",
+    "enqueue": ["bench_enqueue.py", "--transactions", "10", "--warmup", "2", "--repeats", "1", "--wakes", "3",
                 "--pg", PG],
     "scale": ["bench_scale.py", "--sizes", "2k,4k", "--due", "100", "--backlogs", "100,400",
               "--backlog-rows", "2k", "--samples", "20", "--claim-samples", "5"],
