@@ -619,3 +619,22 @@ def test_an_outbox_first_opened_inside_a_transaction_that_wrote_says_to_open_it_
         client.enqueue(CHARGES, connection=db, intent="order-1/charge", json={"a": 1})
     db.rollback()
     db.close()
+
+
+def test_an_enqueued_intent_is_settled_as_any_other(app_db: AppDB, server: LoopbackServer) -> None:
+    """on_settled hears of it once, with its meta, from the drain that sends it."""
+    settled: list[postonce.Settlement] = []
+    with client_for(app_db, server, on_settled=settled.append) as client:
+        with transaction(app_db, "driver") as tx:
+            tx.add_order(app_db, "order-7")
+            client.enqueue(
+                CHARGES, connection=tx.connection, intent="order-7/charge", json={"a": 7},
+                meta={"order_id": "order-7"},
+            )  # fmt: skip
+            tx.commit()
+        assert client.drain().settled == 1
+        assert client.drain().settled == 0
+    (settlement,) = settled
+    assert (settlement.intent, settlement.state, settlement.meta) == (
+        "order-7/charge", postonce.State.SUCCEEDED, {"order_id": "order-7"}
+    )  # fmt: skip
