@@ -43,10 +43,20 @@ def test_an_unknown_attribute_is_an_attribute_error() -> None:
 #: The layers, top first (docs/architecture.md): a module may import only from its own
 #: layer or the ones above it.
 LAYERS = [
-    {"_intent", "_classify", "_engine", "_policy", "_keys", "_diff", "_budget", "providers"},
+    {
+        "_intent",
+        "_classify",
+        "_engine",
+        "_policy",
+        "_keys",
+        "_diff",
+        "_budget",
+        "providers",
+        "_notify",
+    },
     {"_flow", "_settle"},
     {"_outbox"},
-    {"_client", "_async_client", "_drain", "_base", "_appdb"},
+    {"_client", "_async_client", "_drain", "_base", "_appdb", "_receive"},
 ]
 
 

@@ -30,6 +30,7 @@ from ._exceptions import (
     UnknownProvider,
 )
 from ._intent import AttemptRecord, IntentInfo, IntentRecord, Outcome, State, StoredResponse
+from ._notify import NotificationIds, Notified, notification_ids
 from ._observe import (
     AttemptDetail,
     EndDetail,
@@ -45,6 +46,7 @@ from ._observe import (
 )
 from ._outbox import SQLiteStore, Store, default_outbox_path
 from ._policy import RetryPolicy
+from ._receive import receive_once, receive_once_async
 from ._settle import Resolution, Settlement
 from ._version import __version__
 from .providers import BUILTIN_PROVIDERS, Provider, StatusRule, get_provider
@@ -78,6 +80,8 @@ __all__ = [
     "IntentResolved",
     "InvalidKey",
     "InvalidRequest",
+    "NotificationIds",
+    "Notified",
     "OnceInfo",
     "OnceOptions",
     "OutboxError",
@@ -103,6 +107,9 @@ __all__ = [
     "default_outbox_path",
     "get_provider",
     "info",
+    "notification_ids",
+    "receive_once",
+    "receive_once_async",
 ]
 
 

@@ -20,7 +20,7 @@ import sqlite3
 import sys
 import weakref
 from collections.abc import Generator
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, Protocol, TypeVar
 
 from ._diff import conflict_with
 from ._exceptions import IntentConflict, InvalidRequest, OutboxError
@@ -41,6 +41,16 @@ __all__ = [
 
 Dialect = Literal["sqlite", "postgres"]
 Rows = list[tuple[Any, ...]]
+T = TypeVar("T")
+
+
+class Named(Protocol):
+    """What an error names: the intent and its key (a ``NewIntent``), or neither."""
+
+    @property
+    def reference(self) -> str | None: ...
+    @property
+    def key(self) -> str | None: ...
 
 
 class Statement(NamedTuple):
@@ -183,14 +193,16 @@ class AppConnection:
         _remember(self._driver, target)
         return info
 
-    def drive(self, steps: Generator[Statement, Rows, IntentInfo], named: NewIntent) -> IntentInfo:
+    def drive(self, steps: Generator[Statement, Rows, T], named: Named) -> T:
+        """Run each statement ``steps`` yields, send it its rows; return what it returns."""
         rows: Rows | None = None
         try:
             while True:
                 statement = steps.send(rows) if rows is not None else next(steps)
                 rows = _failed_as_outbox_error(self._run, statement, named, self.dialect)
         except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+            value: T = done.value
+            return value
 
 
 class AsyncAppConnection:
@@ -206,9 +218,8 @@ class AsyncAppConnection:
         _remember(self._driver, target)
         return info
 
-    async def drive(
-        self, steps: Generator[Statement, Rows, IntentInfo], named: NewIntent
-    ) -> IntentInfo:
+    async def drive(self, steps: Generator[Statement, Rows, T], named: Named) -> T:
+        """Run each statement ``steps`` yields, send it its rows; return what it returns."""
         rows: Rows | None = None
         try:
             while True:
@@ -218,12 +229,11 @@ class AsyncAppConnection:
                 except Exception as exc:
                     raise _outbox_error(exc, named, self.dialect) from exc
         except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+            value: T = done.value
+            return value
 
 
-def _failed_as_outbox_error(
-    run: Any, statement: Statement, named: NewIntent, dialect: Dialect
-) -> Rows:
+def _failed_as_outbox_error(run: Any, statement: Statement, named: Named, dialect: Dialect) -> Rows:
     try:
         rows: Rows = run(_spelled(statement, dialect))
     except Exception as exc:
@@ -237,7 +247,7 @@ def _spelled(statement: Statement, dialect: Dialect) -> Statement:
     return Statement(statement.sql.replace("?", "%s"), statement.params)
 
 
-def _outbox_error(exc: Exception, named: NewIntent, dialect: Dialect) -> OutboxError:
+def _outbox_error(exc: Exception, named: Named, dialect: Dialect) -> OutboxError:
     aborted = (
         " PostgreSQL has aborted the application's transaction: roll it back"
         if dialect == "postgres"
@@ -274,7 +284,7 @@ def _sqlalchemy_run(conn: Any) -> Any:
     return run
 
 
-def app_connection(connection: Any, named: NewIntent) -> AppConnection:
+def app_connection(connection: Any, named: Named) -> AppConnection:
     """The application's sync ``connection``, checked: open, in (or able to begin) a transaction.
 
     Refused with :class:`InvalidRequest` (nothing written): a closed
@@ -297,7 +307,7 @@ def app_connection(connection: Any, named: NewIntent) -> AppConnection:
     raise _unknown(connection, named, "a sync")
 
 
-async def async_app_connection(connection: Any, named: NewIntent) -> AsyncAppConnection:
+async def async_app_connection(connection: Any, named: Named) -> AsyncAppConnection:
     """The application's async ``connection`` (psycopg, aiosqlite, SQLAlchemy's), checked."""
     if _module(connection) == "aiosqlite":
         _check_aiosqlite(connection, named)
@@ -337,7 +347,7 @@ def _awaits(connection: Any) -> bool:
     return type(connection).__name__.startswith("Async")
 
 
-def _unknown(connection: Any, named: NewIntent, kind: str) -> InvalidRequest:
+def _unknown(connection: Any, named: Named, kind: str) -> InvalidRequest:
     return InvalidRequest(
         f"connection= takes {kind} connection of the application's database: "
         + (
@@ -353,11 +363,11 @@ def _unknown(connection: Any, named: NewIntent, kind: str) -> InvalidRequest:
     )
 
 
-def _refused(why: str, named: NewIntent) -> InvalidRequest:
+def _refused(why: str, named: Named) -> InvalidRequest:
     return InvalidRequest(f"{why}; nothing was written", reference=named.reference, key=named.key)
 
 
-def _check_driver(driver: Any, named: NewIntent) -> None:
+def _check_driver(driver: Any, named: Named) -> None:
     if isinstance(driver, sqlite3.Connection):
         _check_sqlite(driver, named)
     elif _module(driver) == "psycopg":
@@ -366,7 +376,7 @@ def _check_driver(driver: Any, named: NewIntent) -> None:
         _check_aiosqlite(driver, named)
 
 
-def _check_sqlite(conn: sqlite3.Connection, named: NewIntent) -> None:
+def _check_sqlite(conn: sqlite3.Connection, named: Named) -> None:
     try:
         in_transaction = conn.in_transaction
     except sqlite3.ProgrammingError:
@@ -374,13 +384,13 @@ def _check_sqlite(conn: sqlite3.Connection, named: NewIntent) -> None:
     if not in_transaction and conn.isolation_level is None:
         raise _refused(
             "the sqlite3 connection is in autocommit mode (isolation_level=None) outside a "
-            "transaction: the intent would commit at once, apart from the application's rows. "
+            "transaction: the write would commit at once, apart from the application's rows. "
             "Execute BEGIN first, or use the default isolation_level",
             named,
         )
 
 
-def _check_aiosqlite(conn: Any, named: NewIntent) -> None:
+def _check_aiosqlite(conn: Any, named: Named) -> None:
     try:
         in_transaction, isolation_level = conn.in_transaction, conn.isolation_level
     except (ValueError, sqlite3.ProgrammingError, AttributeError):
@@ -388,12 +398,12 @@ def _check_aiosqlite(conn: Any, named: NewIntent) -> None:
     if not in_transaction and isolation_level is None:
         raise _refused(
             "the aiosqlite connection is in autocommit mode (isolation_level=None) outside a "
-            "transaction: the intent would commit at once, apart from the application's rows",
+            "transaction: the write would commit at once, apart from the application's rows",
             named,
         )
 
 
-def _check_psycopg(conn: Any, named: NewIntent) -> None:
+def _check_psycopg(conn: Any, named: Named) -> None:
     from psycopg.pq import TransactionStatus
 
     if conn.closed:
@@ -434,7 +444,7 @@ async def _sqlalchemy_async(connection: Any) -> Any:
     return None
 
 
-def _alchemy_dialect(alchemy: Any, named: NewIntent) -> Dialect:
+def _alchemy_dialect(alchemy: Any, named: Named) -> Dialect:
     if alchemy.closed:
         raise _refused("the SQLAlchemy connection is closed", named)
     name, driver = alchemy.dialect.name, alchemy.dialect.driver

@@ -39,6 +39,7 @@ from ._drain import (
 from ._exceptions import OutboxError, PostonceError
 from ._flow import Abandoned, Callback, Effect, Send, Sender, Sleep, StoreCall, run
 from ._intent import Census, IntentInfo, IntentRecord, NewIntent, Opened, State
+from ._notify import Notified, notification_move, notified_intent
 from ._observe import (
     Hooks,
     Pending,
@@ -267,6 +268,31 @@ class AsyncClient(BaseClient):
                 self._operator_flow(intent, State(state), note), thread, intent, ""
             )
         return moved
+
+    async def resolve_from_notification(
+        self,
+        state: State | str,
+        *,
+        intent: str | None = None,
+        key: str | None = None,
+        note: str = "",
+    ) -> Notified:
+        """A provider's notification; see :meth:`postonce.Client.resolve_from_notification`."""
+        with self._in_call():
+            thread = await self._store_thread()
+            found: IntentRecord | None = None
+            if intent is not None:
+                found = await thread.call("get", {"reference": intent})
+            if key is not None:
+                found = await thread.call("get_by_key", {"key": key})
+        record = notified_intent(found, intent, key)
+        move, why = notification_move(record, State(state))
+        if move == "resolve":
+            moved = await self.resolve(record.reference, State(state), note=note or why)
+            return Notified(moved, True, None, why)
+        if move == "contradicts":
+            logger.warning("notification about intent %r: %s", record.reference, why)
+        return Notified(record, False, why if move == "contradicts" else None, why)
 
     async def cancel(self, intent: str, *, note: str = "") -> IntentRecord:
         """Cancel an intent never delivered; see :meth:`postonce.Client.cancel`."""

@@ -795,6 +795,37 @@ def purge(ctx: click.Context, older_than: timedelta, tombstones: bool) -> None:
     )
 
 
+@outbox.command("purge-receipts")
+@_with_outbox
+@click.option(
+    "--older-than",
+    "older_than",
+    callback=_duration,
+    metavar="DURATION",
+    required=True,
+    help="Age since the notification was received, e.g. 90d.",
+)
+@click.pass_context
+def purge_receipts(ctx: click.Context, older_than: timedelta) -> None:
+    """Forget the receipts of notifications received longer ago than --older-than.
+
+    A receipt is what makes a redelivered notification a duplicate
+    (postonce.receive_once): after it is purged, a redelivery of that
+    notification applies again. Keep receipts longer than the longest a
+    provider retries (Stripe: 3 days; PayPal: 3 days), and keep a uniqueness
+    constraint of your own on the effect (one payment per order, say): no
+    retention window is longer than an operator's memory.
+
+    Example: postonce outbox purge-receipts --older-than 90d
+    """
+    store = _store(ctx)
+    purge = getattr(store, "purge_receipts", None)
+    if purge is None:
+        raise click.ClickException(f"{outbox_name(store)} keeps no notification receipts")
+    count = purge(before=time.time() - older_than.total_seconds())
+    click.echo(json.dumps({"purged_receipts": int(count), "outbox": outbox_name(store)}))
+
+
 @outbox.command()
 @_with_outbox
 @click.option("--jsonl", is_flag=True, default=True, help="One JSON object per line (default).")

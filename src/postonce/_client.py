@@ -35,6 +35,7 @@ from ._drain import (
 from ._exceptions import OutboxError, PostonceError
 from ._flow import Abandoned, Callback, Effect, Send, Sender, Sleep, StoreCall, run
 from ._intent import IntentInfo, IntentRecord, NewIntent, Opened, State
+from ._notify import Notified, notification_move, notified_intent
 from ._observe import Hooks, SendDetail, sending
 from ._outbox.base import Store
 from ._outbox.locate import OutboxSpec
@@ -245,6 +246,38 @@ class Client(BaseClient):
                 self._operator_flow(intent, State(state), note), store, intent, ""
             )
         return moved
+
+    def resolve_from_notification(
+        self,
+        state: State | str,
+        *,
+        intent: str | None = None,
+        key: str | None = None,
+        note: str = "",
+    ) -> Notified:
+        """Apply a provider's notification that the operation behind an intent ``state``
+        (succeeded or failed), naming it by ``intent`` or by the idempotency ``key`` the
+        provider echoes (Stripe's ``event.request.idempotency_key``).
+
+        An expired or indeterminate intent is resolved (as :meth:`resolve`; its
+        settlement follows). One that agrees, or is still being sent, is left as it
+        is. A stored ending that says otherwise is never overwritten: the
+        contradiction is logged and returned, not applied.
+        """
+        with self._in_call():
+            store = self.outbox
+            found = store.get(intent) if intent is not None else None
+            if key is not None:
+                found = store.get_by_key(key)
+        record = notified_intent(found, intent, key)
+        move, why = notification_move(record, State(state))
+        if move == "resolve":
+            return Notified(
+                self.resolve(record.reference, State(state), note=note or why), True, None, why
+            )
+        if move == "contradicts":
+            logger.warning("notification about intent %r: %s", record.reference, why)
+        return Notified(record, False, why if move == "contradicts" else None, why)
 
     def cancel(self, intent: str, *, note: str = "") -> IntentRecord:
         """Cancel an intent never delivered (as ``outbox cancel``); its settlement follows."""

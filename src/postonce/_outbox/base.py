@@ -160,6 +160,10 @@ class Store(Protocol):
 
     def get(self, reference: str) -> IntentRecord | None: ...
 
+    def get_by_key(self, key: str) -> IntentRecord | None:
+        """The intent whose idempotency key is ``key``, or None."""
+        ...
+
     def attempts(self, reference: str) -> list[AttemptRecord]:
         """Every attempt of the intent, oldest first; [] for an unknown reference.
 

@@ -302,6 +302,13 @@ class MemoryOutbox(StoreBase):
             found = self._by_reference.get(reference)
             return None if found is None else _decode(self._rows[found])
 
+    def get_by_key(self, key: str) -> IntentRecord | None:
+        with self._lock:
+            for row in self._rows.values():
+                if row["key"] == key:
+                    return _decode(row)
+            return None
+
     def attempts(self, reference: str) -> list[AttemptRecord]:
         with self._lock:
             found = self._by_reference.get(reference)

@@ -301,7 +301,11 @@ class PostgresStore(SQLStore):
         if durability not in ("full", "normal"):
             raise ConfigurationError(f"durability must be 'full' or 'normal', not {durability!r}")
         quoted = '"' + schema.replace('"', '""') + '"'
-        super().__init__(intents=f"{quoted}.intents", attempts=f"{quoted}.attempts")
+        super().__init__(
+            intents=f"{quoted}.intents",
+            attempts=f"{quoted}.attempts",
+            receipts=f"{quoted}.receipts",
+        )
         self.url = url
         self.schema = schema
         self.durability: Durability = durability

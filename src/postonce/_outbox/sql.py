@@ -52,10 +52,18 @@ class SQLStore(StoreBase):
     #: (:meth:`_insert_alone`), tried before the general path.
     one_statement_writes: ClassVar[bool] = False
 
-    def __init__(self, intents: str, attempts: str, leases: str | None = None) -> None:
+    def __init__(
+        self, intents: str, attempts: str, leases: str | None = None, receipts: str = "receipts"
+    ) -> None:
         # ``leases``: what the queries of sending rows' leases read; by default the
         # intents table (SQLite's keeps fresh rows out of its lease index).
-        self._tables = {"intents": intents, "attempts": attempts, "leases": leases or intents}
+        # ``receipts``: where ``receive_once`` records notifications (schema v9 / 6).
+        self._tables = {
+            "intents": intents,
+            "attempts": attempts,
+            "leases": leases or intents,
+            "receipts": receipts,
+        }
         self._spelled: dict[str, str] = {}
         self._shapes: dict[tuple[str, tuple[str, ...]], str] = {}
 
@@ -467,6 +475,16 @@ class SQLStore(StoreBase):
         rows = self._select(f"SELECT {COLUMNS} FROM {{intents}} WHERE reference = ?", (reference,))
         return decode_row(rows[0]) if rows else None
 
+    def get_by_key(self, key: str) -> IntentRecord | None:
+        # Through the reference index for an intent named by its key, and through
+        # the key index (SQLite's covers only key != reference) for the others.
+        rows = self._select(
+            f"SELECT {COLUMNS} FROM {{intents}} WHERE reference = ? AND key = ?"
+            f" UNION ALL SELECT {COLUMNS} FROM {{intents}} WHERE key = ? AND key != reference",
+            (key, key, key),
+        )
+        return decode_row(rows[0]) if rows else None
+
     def attempts(self, reference: str) -> list[AttemptRecord]:
         # One statement, so one snapshot: the intent row and its attempt rows
         # agree (a carried attempt is read only where no row was written).
@@ -553,6 +571,12 @@ class SQLStore(StoreBase):
             self._update(conn, record.id, changes)
             self._ended(conn, record.id, changes)
         return after
+
+    def purge_receipts(self, *, before: float) -> int:
+        """Forget the notification receipts recorded before ``before``; how many."""
+        with self._write(durable=True) as conn:
+            cur = self._run(conn, "DELETE FROM {receipts} WHERE received_at < ?", (before,))
+            return int(cur.rowcount)
 
     def purge(self, *, before: float, tombstones: bool, now: float) -> Purged:
         """Forget finished intents last changed before ``before``; see ``Store.purge``.

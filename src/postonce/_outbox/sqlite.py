@@ -219,6 +219,7 @@ class SQLiteStore(SQLStore):
             intents=self.intents_table,
             attempts=f"{self.prefix}attempts",
             leases=_leases(self.prefix),
+            receipts=f"{self.prefix}receipts",
         )
         # A process that exits without close() still sweeps (a killed one leaves the
         # rest to the claims). Through a weak reference: the store may go first.

@@ -314,6 +314,22 @@ def _v8(db: sqlite_utils.Database, prefix: str) -> None:
     db.execute(f"ALTER TABLE {prefix}intents ADD COLUMN needs TEXT")
 
 
+def _v9(db: sqlite_utils.Database, prefix: str) -> None:
+    """Receipts of the notifications an application received (``postonce.receive_once``).
+
+    Written in the application's own transaction with the effect they caused;
+    ``(source, event_id)`` is the sender's own operation identifier, its primary
+    key (so a duplicate inserts nothing), ``delivery_id`` kept for the audit log
+    only. Purged only on request. A process of an older release never reads it.
+    """
+    db.execute(
+        f"CREATE TABLE {prefix}receipts (source TEXT NOT NULL, event_id TEXT NOT NULL,"
+        " delivery_id TEXT, received_at REAL NOT NULL, PRIMARY KEY (source, event_id))"
+        " WITHOUT ROWID"
+    )
+    db.execute(f"CREATE INDEX {prefix}receipts_received ON {prefix}receipts (received_at)")
+
+
 #: MIGRATIONS[n](db, prefix) takes a database at schema version n to n + 1.
 MIGRATIONS: list[Callable[[sqlite_utils.Database, str], None]] = [
     _v1,
@@ -324,5 +340,6 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database, str], None]] = [
     _v6,
     _v7,
     _v8,
+    _v9,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
