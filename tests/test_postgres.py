@@ -118,7 +118,7 @@ def test_schemas_keep_outboxes_apart(pg_outbox: str) -> None:
                     (schema,),
                 )
             }
-        assert tables == {"intents", "attempts", "postonce_meta"}
+        assert tables == {"intents", "attempts", "receipts", "postonce_meta"}
 
 
 def test_missing_schema_is_not_created_by_inspection(pg_outbox: str) -> None:
