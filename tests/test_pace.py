@@ -168,10 +168,11 @@ def test_a_drain_rate_spaces_the_sends_to_an_origin(
 # -- the drain loop with fakes: what a pause does to the rest of a batch -------------------
 
 
-def _claimed(i: int) -> Any:
-    """A claimed intent to one origin, as the drain loop sees it."""
+def _claimed(i: int, lease_for: float = 3600.0) -> Any:
+    """A claimed intent to one origin, as the drain loop sees it, leased for ``lease_for`` s."""
     record = SimpleNamespace(origin="https://a.test:443", reference=f"r{i}", due_at=None)
-    return SimpleNamespace(record=record, lease=object(), anchor_before=None)
+    lease = SimpleNamespace(expires_at=time.time() + lease_for)
+    return SimpleNamespace(record=record, lease=lease, anchor_before=None)
 
 
 def _drain_with_a_429(release: Any, *, forever: bool) -> tuple[Any, list[str], list[float]]:
@@ -237,3 +238,32 @@ def test_a_failed_hand_back_is_counted_and_the_forever_drain_goes_on(
     assert report.errors == 5
     assert report.paused == 0
     assert "claimed again when its lease runs out" in caplog.text
+
+
+def test_a_rate_slot_after_the_claims_lease_hands_the_claim_back_due_at_its_slot() -> None:
+    """At 2 sends a second with leases of 2.75 s, the claims whose slot comes within a second
+    of their lease's end are not waited for (their lease would run out, and another drain
+    could claim them meanwhile): handed back, due at their slot."""
+    pace = Pace(time.time, cap=60.0, rate=2.0)
+    batches = [[_claimed(i, lease_for=2.75) for i in range(6)]]
+    sent: list[str] = []
+    released: list[tuple[str, float | None]] = []
+    began = time.time()
+
+    def process(opened: Any, turn: Any) -> None:
+        turn.sending()
+        sent.append(opened.record.reference)
+        turn.answered(201, httpx.Headers())
+
+    report = run_drain(
+        claim=lambda due_by, limit, paused: batches.pop(0) if batches else [],
+        process=process,
+        release=lambda opened, due_at: released.append((opened.record.reference, due_at)),
+        clock=time.time, tally=Tally(), forever=False, interval=0.05, concurrency=1, flows=1,
+        stop=threading.Event(), pace=pace,
+    )  # fmt: skip
+    assert sent == ["r0", "r1", "r2", "r3"]  # slots at 0, 0.5, 1.0 and 1.5 s
+    assert [reference for reference, _ in released] == ["r4", "r5"]
+    assert report.paused == 2
+    dues = [due_at - began for _, due_at in released if due_at is not None]
+    assert dues == pytest.approx([2.0, 2.5], abs=0.3)  # their slots

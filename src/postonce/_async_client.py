@@ -35,6 +35,7 @@ from ._drain import (
     next_batch,
     note_census,
     outbox_name,
+    slot_after_lease,
 )
 from ._exceptions import OutboxError, PostonceError
 from ._flow import Abandoned, Callback, Effect, Send, Sender, Sleep, StoreCall, run
@@ -531,6 +532,9 @@ class AsyncClient(BaseClient):
         async def one(opened: Opened) -> None:
             origin = opened.record.origin
             wait = pace.slot(origin) if pace.paused_until(origin) is None else 0.0
+            if slot_after_lease(opened, self._clock(), wait):
+                await self._hand_back(opened, self._clock() + wait, thread, tally, "paused")
+                return
             if wait > 0:  # (a paused origin's claims go back at once)
                 with anyio.move_on_after(wait):
                     await stop.wait()  # a stop while waiting hands it back in process()

@@ -156,9 +156,9 @@ class DrainReport(BaseModel):
     indeterminate: int = 0  # an answer that left the effect unknown (a stored 5xx): reconcile
     cancelled: int = 0  # deadline passed, never delivered
     pending: int = 0  # left pending with a later due time
-    paused: int = (
-        0  # claims handed back unsent: their origin asked for a pause (429/503 Retry-After)
-    )
+    # Claims handed back unsent: their origin asked for a pause (429/503 Retry-After),
+    # or their rate slot came after their lease would end (due at the slot instead).
+    paused: int = 0
     replayed: int = 0  # answers the server marked as replays
     errors: int = 0  # claims that ended in an unexpected error (logged)
     unsendable: int = 0  # claims this client cannot send (an unknown profile, missing credentials):
@@ -584,6 +584,20 @@ def next_batch(batch: int, done: int, seconds: float, least: int) -> int:
     return max(least, min(paced, batch * 4, MOST_CLAIMED))
 
 
+#: A rate slot closer than this to the end of its claim's lease is not waited for.
+SLOT_MARGIN = 1.0
+
+
+def slot_after_lease(opened: Opened, now: float, wait: float) -> bool:
+    """Whether a claim's rate slot, ``wait`` s from ``now``, comes too late for its lease.
+
+    Waiting would let the lease run out, and another drain could claim the intent
+    meanwhile: at a low rate, a batch's tail is handed back, due at its slot.
+    """
+    lease = opened.lease
+    return wait > 0 and lease is not None and now + wait > lease.expires_at - SLOT_MARGIN
+
+
 def run_drain(
     *,
     claim: Callable[[float, int, frozenset[str]], list[Opened]],
@@ -700,6 +714,9 @@ class _Drain:
         origin = opened.record.origin
         if self.pace.paused_until(origin) is None:  # a paused origin's claims go back at once
             wait = self.pace.slot(origin)
+            if slot_after_lease(opened, self.clock(), wait):
+                self.hand_back(opened, self.clock() + wait, "paused")
+                return
             if wait > 0:
                 self.stop.wait(wait)  # a stop while waiting hands it back below
         turn = self.turns.take(self.pace.hearing(origin))
