@@ -65,8 +65,8 @@ def shop(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Shop]:
             conn.execute("CREATE TABLE effects (event TEXT)")
             conn.execute("CREATE TABLE receipts (id INTEGER PRIMARY KEY, note TEXT)")  # its own
         spec = f"sqlite:///{path}?create=1"
-        postonce.Client("http://api.test", outbox=spec).close()  # at start: postonce's tables
-        postonce.Client("http://api.test", outbox=spec).outbox.close()
+        with postonce.Client("http://api.test", outbox=spec) as client:
+            client.outbox  # noqa: B018 (at start: postonce's tables, receipts included)
         yield Shop("sqlite", spec, path, "")
         return
     with pg_schema() as url:
@@ -178,6 +178,37 @@ def test_async_connections_receive_once(shop: Shop) -> None:
         return seen
 
     assert asyncio.run(main()) == [True, False]
+
+
+@pytest.mark.parametrize("kind", ["connection", "session"])
+def test_sqlalchemy_async_connections_receive_once(kind: str) -> None:
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+    async def main(schema: str) -> list[bool]:
+        engine = create_async_engine(PG_URL.replace("://", "+psycopg://", 1))
+        seen, event = [], f"evt_{uuid.uuid4().hex}"
+        try:
+            for _ in range(2):
+                if kind == "session":
+                    async with AsyncSession(engine) as session:
+                        seen.append(await postonce.receive_once_async(
+                            session, source="stripe", event_id=event, schema=schema
+                        ))  # fmt: skip
+                        await session.commit()
+                else:
+                    async with engine.connect() as conn:
+                        seen.append(await postonce.receive_once_async(
+                            conn, source="stripe", event_id=event, schema=schema
+                        ))  # fmt: skip
+                        await conn.commit()
+        finally:
+            await engine.dispose()
+        return seen
+
+    with pg_schema() as url:
+        with postonce.Client("http://api.test", outbox=url) as client:
+            client.outbox  # noqa: B018 (creates the outbox's schema, receipts included)
+        assert asyncio.run(main(url.rsplit("schema=", 1)[1])) == [True, False]
 
 
 async def _receive_async(shop: Shop, conn: Any, event: str) -> bool:
