@@ -452,3 +452,78 @@ def test_a_one_shot_drain_reports_a_lost_database(pg_outbox: str) -> None:
     assert client.drain().claimed == 0  # reconnected
     client.close()
     store.close()
+
+
+class _Explaining:
+    """A connection that runs ``EXPLAIN (ANALYZE, FORMAT JSON)`` of the first statement it is
+    given (the claim's candidates) before running it."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn, self.plan = conn, None
+
+    def execute(self, query: Any, params: Any = None, **options: Any) -> Any:
+        if self.plan is None:
+            explain = f"EXPLAIN (ANALYZE, FORMAT JSON) {query}"
+            self.plan = self.conn.execute(explain, params).fetchone()[0][0]["Plan"]
+        return self.conn.execute(query, params, **options)
+
+
+def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from _nodes(child)
+
+
+def test_a_claim_reads_about_its_batch_through_its_indexes_whatever_the_backlog(
+    pg_outbox: str,
+) -> None:
+    """30,000 rows: 10,000 due, 10,000 expired leases, 10,000 finished. The claim's
+    candidates come from the partial indexes, each arm reading at most its few rows
+    ahead of the batch: no sequential scan of the intents, no sort of the due set."""
+    from postonce._outbox.store import Mine
+
+    url, schema = split_schema(pg_outbox)
+    store = PostgresStore(url, schema=schema)
+    table = sql.Identifier(schema)
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            for state, offset in (("pending", 0), ("sending", 10_000), ("succeeded", 20_000)):
+                conn.execute(
+                    sql.SQL(
+                        "INSERT INTO {}.intents (reference, key, provider, method, url, headers,"
+                        " body, fingerprint, state, created_at, updated_at, due_at,"
+                        " lease_expires_at, lease_owner, attempts, sender, origin)"
+                        " SELECT 'r' || n, 'k' || n, 'ietf_draft', 'POST', 'https://api.test/c',"
+                        " '[]', '', 'f', %s, 1000 + n, 1000 + n, CASE WHEN %s = 'pending'"
+                        " THEN 1000 + n END, CASE WHEN %s = 'sending' THEN 1000 + n END,"
+                        " CASE WHEN %s = 'sending' THEN 'dead/1' END, 0, 's#plan',"
+                        " 'https://api.test:443' FROM generate_series(%s::int, %s::int) AS n"
+                    ).format(table),
+                    (state, state, state, state, offset + 1, offset + 10_000),
+                )
+            conn.execute(sql.SQL("ANALYZE {}.intents").format(table))
+        explaining = None
+        with store._pool.connection() as conn:
+            explaining = _Explaining(conn)
+            rows = store._due_rows(
+                explaining,  # type: ignore[arg-type]
+                due_by=time.time(),
+                now=time.time(),
+                limit=32,
+                mine=Mine("s#plan", ("https://api.test:443",)),
+            )
+            conn.rollback()
+        assert len(rows) == 32
+        ahead = 32 * 2 + 8
+        plan = explaining.plan
+        assert plan is not None
+        scans = [node for node in _nodes(plan) if node.get("Relation Name") == "intents"]
+        assert {node.get("Index Name") for node in scans} >= {"intents_due", "intents_lease"}
+        for node in _nodes(plan):
+            if node.get("Relation Name") == "intents":
+                assert node["Node Type"] != "Seq Scan", node
+                assert node["Actual Rows"] * node["Actual Loops"] <= ahead, node
+            if node["Node Type"] == "Sort":
+                assert node["Actual Rows"] <= 3 * ahead, node
+    finally:
+        store.close()
