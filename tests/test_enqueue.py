@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anyio
 import psycopg
 import pytest
 import sqlalchemy
@@ -638,3 +639,32 @@ def test_an_enqueued_intent_is_settled_as_any_other(app_db: AppDB, server: Loopb
     assert (settlement.intent, settlement.state, settlement.meta) == (
         "order-7/charge", postonce.State.SUCCEEDED, {"order_id": "order-7"}
     )  # fmt: skip
+
+
+def test_an_async_worker_drain_is_woken_by_the_commit_and_stops_at_once(
+    server: LoopbackServer,
+) -> None:
+    """AsyncClient.drain(forever=True) with a 30 s interval on PostgreSQL: an enqueued
+    intent is sent within seconds of its commit, and a stop ends the idle wait at once."""
+
+    async def main(url: str) -> tuple[str, float, float]:
+        async with postonce.AsyncClient(server.base_url, outbox=url, retry=FAST) as client:
+            stop = anyio.Event()
+            worker = asyncio.ensure_future(client.drain(forever=True, interval=30.0, stop=stop))
+            await asyncio.sleep(0.5)  # the worker found nothing and waits
+            async with await psycopg.AsyncConnection.connect(PG_URL) as conn:
+                info = await client.enqueue(CHARGES, connection=conn, intent="woken", json={})
+                await conn.commit()
+            committed = time.monotonic()
+            while not server.effects_for(info.key) and time.monotonic() - committed < 10:
+                await asyncio.sleep(0.05)
+            sent_after = time.monotonic() - committed
+            stopping = time.monotonic()
+            stop.set()
+            await asyncio.wait_for(worker, timeout=10)
+            return info.key, sent_after, time.monotonic() - stopping
+
+    with pg_schema() as url:
+        key, sent_after, stopped_after = asyncio.run(main(url))
+    assert len(server.effects_for(key)) == 1, f"not sent {sent_after:.1f} s after the commit"
+    assert stopped_after < 5  # not its 30 s interval

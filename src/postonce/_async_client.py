@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import threading
 import time
 from collections.abc import Callable, Collection, Generator, Sequence
 from typing import Any, Literal
@@ -564,8 +565,7 @@ class AsyncClient(BaseClient):
                 await self._aftercare_quietly(thread, tally)
                 if not forever:
                     break
-                with anyio.move_on_after(interval):
-                    await stop.wait()
+                await self._nothing_due(thread.store, interval, stop)
                 continue
             tally.add("claimed", len(claimed))
             async with anyio.create_task_group() as group:
@@ -582,6 +582,42 @@ class AsyncClient(BaseClient):
         except OutboxError as exc:
             counted = exc
         return note_census(report, counted, self.sender, self.origins, outbox_name(thread.store))
+
+    async def _nothing_due(self, store: Store, interval: float, stop: anyio.Event) -> None:
+        """A worker drain with nothing due waits ``interval`` or for ``stop``; on PostgreSQL
+        an enqueued intent's commit (NOTIFY) ends the wait at once, as for ``Client.drain``.
+
+        The outbox's listener is a blocking wait on a worker thread, told to end
+        when ``stop`` is set (it looks every quarter second); if it cannot listen,
+        the drain sleeps its interval as on SQLite.
+        """
+        listener = getattr(store, "due_listener", None)
+        if listener is None:
+            with anyio.move_on_after(interval):
+                await stop.wait()
+            return
+        halt = threading.Event()
+
+        def listen() -> None:
+            with listener(halt) as wait:
+                wait(interval)
+
+        async with anyio.create_task_group() as group:
+
+            async def on_stop() -> None:
+                await stop.wait()
+                halt.set()
+
+            group.start_soon(on_stop)
+            try:
+                await anyio.to_thread.run_sync(listen)
+            except OutboxError as exc:
+                logger.debug("drain: no NOTIFY wake-up (%s); waiting %s s", exc, interval)
+                with anyio.move_on_after(interval):
+                    await stop.wait()
+            finally:
+                halt.set()
+                group.cancel_scope.cancel()
 
     async def _drain_one(
         self,
