@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import postonce
-from postonce._appdb import Rows, Statement, enqueue_steps, other_database
+from postonce._appdb import Rows, Statement, _spelled, enqueue_steps, other_database
 from postonce._intent import IntentInfo, NewIntent, State
 from postonce._outbox import decide
 from postonce._outbox.base import Target
@@ -118,3 +118,12 @@ def test_an_insert_that_wrote_nothing_reads_what_is_stored(stored: Rows, outcome
     else:
         with pytest.raises(outcome, match="nothing was written"):
             steps.send(stored)
+
+
+def test_statements_are_spelled_in_each_drivers_placeholders() -> None:
+    """A schema may be named with a ``%``: psycopg would read it as a placeholder."""
+    statement = Statement('INSERT INTO "50%_off".intents (a) VALUES (?)', (1,))
+    assert _spelled(statement, "sqlite") == statement
+    assert _spelled(statement, "postgres") == Statement(
+        'INSERT INTO "50%%_off".intents (a) VALUES (%s)', (1,)
+    )

@@ -242,9 +242,11 @@ def _failed_as_outbox_error(run: Any, statement: Statement, named: Named, dialec
 
 
 def _spelled(statement: Statement, dialect: Dialect) -> Statement:
+    """``statement`` in its driver's placeholders: psycopg's ``%s`` (a ``%`` of its own,
+    in a quoted schema name, doubled), sqlite3's ``?`` as written."""
     if dialect == "sqlite":
         return statement
-    return Statement(statement.sql.replace("?", "%s"), statement.params)
+    return Statement(statement.sql.replace("%", "%%").replace("?", "%s"), statement.params)
 
 
 def _outbox_error(exc: Exception, named: Named, dialect: Dialect) -> OutboxError:
