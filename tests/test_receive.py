@@ -429,3 +429,24 @@ def test_receipts_are_purged_only_on_request_and_only_older_ones(shop: Shop) -> 
         assert receive(shop, conn, old) is True  # forgotten: a redelivery would apply again
         assert receive(shop, conn, new) is False
         conn.rollback()
+
+
+def test_async_client_applies_a_notification_as_the_sync_one(
+    stripe_api: str, tmp_path: Path
+) -> None:
+    async def main() -> tuple[postonce.Notified, postonce.Notified]:
+        async with postonce.AsyncClient(
+            stripe_api, provider="stripe", outbox=tmp_path / "o.sqlite3", retry=FAST
+        ) as client:
+            response = await client.post_once("/v1/charges", json={"a": 1}, intent="order-3")
+            key = response.request.headers["Idempotency-Key"]
+            said = await client.resolve_from_notification("failed", key=key)
+            agreed = await client.resolve_from_notification("succeeded", intent="order-3")
+            with pytest.raises(postonce.UnknownIntent):
+                await client.resolve_from_notification("succeeded", key="not-ours")
+            return said, agreed
+
+    said, agreed = asyncio.run(main())
+    assert said.contradiction is not None
+    assert said.record.state is State.SUCCEEDED
+    assert (agreed.applied, agreed.contradiction) == (False, None)

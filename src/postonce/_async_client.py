@@ -41,7 +41,7 @@ from ._drain import (
 from ._exceptions import OutboxError, PostonceError
 from ._flow import Abandoned, Callback, Effect, Send, Sender, Sleep, StoreCall, run
 from ._intent import Census, IntentInfo, IntentRecord, NewIntent, Opened, State
-from ._notify import Notified, notification_move, notified_intent
+from ._notify import Notified
 from ._observe import (
     Hooks,
     Pending,
@@ -282,19 +282,9 @@ class AsyncClient(BaseClient):
         """A provider's notification; see :meth:`postonce.Client.resolve_from_notification`."""
         with self._in_call():
             thread = await self._store_thread()
-            found: IntentRecord | None = None
-            if intent is not None:
-                found = await thread.call("get", {"reference": intent})
-            if key is not None:
-                found = await thread.call("get_by_key", {"key": key})
-        record = notified_intent(found, intent, key)
-        move, why = notification_move(record, State(state))
-        if move == "resolve":
-            moved = await self.resolve(record.reference, State(state), note=note or why)
-            return Notified(moved, True, None, why)
-        if move == "contradicts":
-            logger.warning("notification about intent %r: %s", record.reference, why)
-        return Notified(record, False, why if move == "contradicts" else None, why)
+            flow = self._notification_flow(State(state), intent, key, note)
+            notified: Notified = await self._drive(flow, thread, intent or "", key or "")
+        return notified
 
     async def cancel(self, intent: str, *, note: str = "") -> IntentRecord:
         """Cancel an intent never delivered; see :meth:`postonce.Client.cancel`."""

@@ -40,6 +40,7 @@ from ._heartbeat import Heartbeat
 from ._http import adapt_timeout, library_of
 from ._intent import TERMINAL, IntentRecord, NewIntent, Opened, State
 from ._lease import new_owner
+from ._notify import Notified, notification_move, notified_intent
 from ._observe import Hooks
 from ._outbox.base import Store, Target
 from ._outbox.locate import OutboxSpec, check_spec, open_store
@@ -1075,6 +1076,29 @@ class BaseClient:
     def _settle_hold(self) -> float | None:
         """How long an ending this client settles is held by it (None: it runs no handler)."""
         return self.lease_seconds if self.on_settled is not None else None
+
+    def _notification_flow(
+        self, state: State, intent: str | None, key: str | None, note: str
+    ) -> Generator[Effect, Any, Notified]:
+        """``resolve_from_notification``: find the intent a notification names, decide
+        (``_notify.notification_move``), and resolve it as an operator would, or not."""
+        if (intent is None) == (key is None):
+            raise TypeError("resolve_from_notification takes intent= or key=, one of them")
+        found: IntentRecord | None = yield (
+            StoreCall("get", {"reference": intent})
+            if intent is not None
+            else StoreCall("get_by_key", {"key": key})
+        )
+        record = notified_intent(found, intent, key)
+        move, why = notification_move(record, state)
+        if move == "resolve":
+            moved: IntentRecord = yield from self._operator_flow(
+                record.reference, state, note or why
+            )
+            return Notified(moved, True, None, why)
+        if move == "contradicts":
+            logger.warning("notification about intent %r: %s", record.reference, why)
+        return Notified(record, False, why if move == "contradicts" else None, why)
 
     def _operator_flow(
         self, intent: str, to: State, note: str

@@ -35,7 +35,7 @@ from ._drain import (
 from ._exceptions import OutboxError, PostonceError
 from ._flow import Abandoned, Callback, Effect, Send, Sender, Sleep, StoreCall, run
 from ._intent import IntentInfo, IntentRecord, NewIntent, Opened, State
-from ._notify import Notified, notification_move, notified_intent
+from ._notify import Notified
 from ._observe import Hooks, SendDetail, sending
 from ._outbox.base import Store
 from ._outbox.locate import OutboxSpec
@@ -265,19 +265,9 @@ class Client(BaseClient):
         contradiction is logged and returned, not applied.
         """
         with self._in_call():
-            store = self.outbox
-            found = store.get(intent) if intent is not None else None
-            if key is not None:
-                found = store.get_by_key(key)
-        record = notified_intent(found, intent, key)
-        move, why = notification_move(record, State(state))
-        if move == "resolve":
-            return Notified(
-                self.resolve(record.reference, State(state), note=note or why), True, None, why
-            )
-        if move == "contradicts":
-            logger.warning("notification about intent %r: %s", record.reference, why)
-        return Notified(record, False, why if move == "contradicts" else None, why)
+            flow = self._notification_flow(State(state), intent, key, note)
+            notified: Notified = self._drive(flow, self.outbox, intent or "", key or "")
+        return notified
 
     def cancel(self, intent: str, *, note: str = "") -> IntentRecord:
         """Cancel an intent never delivered (as ``outbox cancel``); its settlement follows."""
