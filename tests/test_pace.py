@@ -9,6 +9,7 @@ just come back does.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 import uuid
@@ -21,7 +22,7 @@ import pytest
 import postonce
 from postonce import State
 from postonce._drain import Tally, run_drain
-from postonce._pace import Pace, pause_asked
+from postonce._pace import Pace, pace_origin, pause_asked
 from tests.conftest import FAST, ClientFactory, LoopbackServer
 
 NOW = 1_000_000.0
@@ -82,6 +83,48 @@ def test_a_rate_spaces_the_sends_to_each_origin(rate: float | None, waits: list[
     assert pace.slot("https://b.test:443") == 0.0
 
 
+@pytest.mark.parametrize(
+    ("rate", "at", "gaps"),
+    [
+        pytest.param(None, [0.0, 0.0, 0.0], [0.0, 0.0, 0.0], id="no-rate"),
+        pytest.param(10.0, [0.0, 0.0, 0.0], [0.0, 0.1, 0.2], id="three-at-once-are-spaced"),
+        pytest.param(10.0, [0.0, 0.25, 0.3], [0.0, 0.0, 0.05], id="after-a-stall-one-spacing"),
+        pytest.param(10.0, [0.0, 1.0, 2.0], [0.0, 0.0, 0.0], id="spaced-already"),
+    ],
+)
+def test_a_send_keeps_its_distance_from_the_send_before_it(
+    rate: float | None, at: list[float], gaps: list[float]
+) -> None:
+    """``gap`` at the send turn: flows that reach their turns together (a stall held the
+    turns past their slots) are spaced again, one ``1 / rate`` apart; an origin of its own
+    and a send of no origin are not held."""
+    now = [NOW]
+    pace = Pace(lambda: now[0], cap=60.0, rate=rate)
+    got = []
+    for i, offset in enumerate(at):
+        now[0] = NOW + offset
+        got.append(pace.gap("https://a.test:443"))
+        assert pace.gap(f"https://b{i}.test:443") == 0.0  # a's sends do not hold b's
+    assert got == pytest.approx(gaps)
+    assert pace.gap(None) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("origin", "url", "paced_by"),
+    [
+        pytest.param("https://a.test:443", "https://a.test/v1", "https://a.test:443", id="stored"),
+        pytest.param(None, "https://B.test/v1/x", "https://b.test:443", id="none-its-url"),
+        pytest.param(None, "http://b.test:8080/x", "http://b.test:8080", id="none-port"),
+        pytest.param(None, "/relative", None, id="none-and-no-absolute-url"),
+    ],
+)
+def test_an_intent_is_paced_by_its_origin_or_else_its_urls(
+    origin: str | None, url: str, paced_by: str | None
+) -> None:
+    record = SimpleNamespace(origin=origin, url=url)
+    assert pace_origin(record) == paced_by  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("rate", [0, -1, float("inf"), float("nan")])
 def test_a_rate_that_is_not_a_positive_number_is_refused(
     rate: float, make_client: ClientFactory
@@ -97,9 +140,12 @@ N = 12
 ONE_TRY = FAST.model_copy(update={"attempts": 1})
 
 
-def backlog(make_client: ClientFactory, server: LoopbackServer, body: dict[str, Any]) -> Any:
+def backlog(
+    make_client: ClientFactory, server: LoopbackServer, body: dict[str, Any], slow: int = 0
+) -> Any:
     """N due intents left pending by an outage (a 503 from the same origin), and the drain's
-    client: same outbox, name and origin, now talking to the recovered server."""
+    client: same outbox, name and origin, now talking to the recovered server. The first
+    ``slow`` intents' answers take 0.4 s."""
     down = make_client(
         server.base_url,
         name="gentle",
@@ -110,7 +156,7 @@ def backlog(make_client: ClientFactory, server: LoopbackServer, body: dict[str, 
         with pytest.raises(postonce.IntentPending):
             down.post_once(
                 path,
-                json=body,
+                json={**body, "_test": {"delay": 0.4}} if i < slow else body,
                 intent=f"catch-up-{i}",
                 retry=FAST.model_copy(update={"attempts": 1}),
             )
@@ -165,12 +211,30 @@ def test_a_drain_rate_spaces_the_sends_to_an_origin(
     assert len(requests_to(server, path)) == N
 
 
+def test_an_async_drains_sends_keep_their_rate_after_a_slow_answer(
+    make_async_client: ClientFactory, server: LoopbackServer
+) -> None:
+    """rate=10 and one send turn; half the answers take 0.4 s. The async drain takes every
+    claim's slot at once, so sends whose slots passed during a slow answer wait for the turn
+    together: after it they still reach the server 0.1 s apart (before: a burst)."""
+    drain, path = backlog(make_async_client, server, {"amount": 1}, slow=N // 2)
+    report = drain.drain(rate=10.0, concurrency=1)
+    assert report.succeeded == N
+    arrived = sorted(r["at"] for r in requests_to(server, path))
+    assert len(arrived) == N
+    gaps = [later - earlier for earlier, later in itertools.pairwise(arrived)]
+    assert min(gaps) >= 0.09, gaps
+
+
 # -- the drain loop with fakes: what a pause does to the rest of a batch -------------------
 
 
-def _claimed(i: int, lease_for: float = 3600.0) -> Any:
-    """A claimed intent to one origin, as the drain loop sees it, leased for ``lease_for`` s."""
-    record = SimpleNamespace(origin="https://a.test:443", reference=f"r{i}", due_at=None)
+def _claimed(i: int, lease_for: float = 3600.0, origin: str | None = "https://a.test:443") -> Any:
+    """A claimed intent to one origin, as the drain loop sees it, leased for ``lease_for`` s
+    (stored without its origin when ``origin`` is None: paced by its URL's)."""
+    record = SimpleNamespace(
+        origin=origin, url=f"https://a.test/v1/charges/{i}", reference=f"r{i}", due_at=None
+    )
     lease = SimpleNamespace(expires_at=time.time() + lease_for)
     return SimpleNamespace(record=record, lease=lease, anchor_before=None)
 
@@ -267,3 +331,33 @@ def test_a_rate_slot_after_the_claims_lease_hands_the_claim_back_due_at_its_slot
     assert report.paused == 2
     dues = [due_at - began for _, due_at in released if due_at is not None]
     assert dues == pytest.approx([2.0, 2.5], abs=0.3)  # their slots
+
+
+@pytest.mark.parametrize("origin", ["https://a.test:443", None], ids=["stored", "from-its-url"])
+def test_sends_that_waited_out_a_stall_do_not_burst_when_it_ends(origin: str | None) -> None:
+    """Rate 10/s, one send turn, four flows: the first send stalls 0.5 s holding the turn
+    while the next three flows' slots (0.1, 0.2, 0.3 s) pass. When it ends they still send
+    0.1 s apart (before: the three within a few ms of each other). An intent stored
+    without its origin is paced by its URL's (before: not paced at all)."""
+    pace = Pace(time.time, cap=60.0, rate=10.0)
+    batches = [[_claimed(i, origin=origin) for i in range(4)]]
+    sent: list[float] = []
+    began = time.monotonic()
+
+    def process(opened: Any, turn: Any) -> None:
+        turn.sending()
+        sent.append(time.monotonic() - began)
+        if opened.record.reference == "r0":
+            time.sleep(0.5)
+        turn.answered(201, httpx.Headers())
+
+    report = run_drain(
+        claim=lambda due_by, limit, paused: batches.pop(0) if batches else [],
+        process=process, release=lambda opened, due_at: None, clock=time.time, tally=Tally(),
+        forever=False, interval=0.05, concurrency=1, flows=4, stop=threading.Event(), pace=pace,
+    )  # fmt: skip
+    assert report.paused == 0
+    assert len(sent) == 4
+    assert sent[1] >= 0.5  # behind the stall
+    gaps = [later - earlier for earlier, later in itertools.pairwise(sent)]
+    assert min(gaps) >= 0.09, gaps

@@ -57,7 +57,7 @@ from ._outbox.base import Store
 from ._outbox.locate import OutboxSpec
 from ._outbox.sqlite import Durability
 from ._outbox.threaded import StoreThread, loop_notifier
-from ._pace import Pace
+from ._pace import Pace, pace_origin
 from ._policy import RetryPolicy
 from ._redirects import next_hop
 from ._settings import settings as checked_settings
@@ -521,7 +521,7 @@ class AsyncClient(BaseClient):
         least = batch = least_batch(concurrency)
 
         async def one(opened: Opened) -> None:
-            origin = opened.record.origin
+            origin = pace_origin(opened.record)
             wait = pace.slot(origin) if pace.paused_until(origin) is None else 0.0
             if slot_after_lease(opened, self._clock(), wait):
                 await self._hand_back(opened, self._clock() + wait, thread, tally, "paused")
@@ -533,7 +533,7 @@ class AsyncClient(BaseClient):
                 # Taken before the flow checks its deadline and lease.
                 turn = await turns.take(pace.hearing(origin))
                 try:
-                    await self._drain_one(opened, turn, thread, tally, stop, pace)
+                    await self._drain_one(opened, origin, turn, thread, tally, stop, pace)
                 finally:
                     turn.end()
 
@@ -612,6 +612,7 @@ class AsyncClient(BaseClient):
     async def _drain_one(
         self,
         opened: Opened,
+        origin: str | None,
         turn: Turn,
         thread: StoreThread,
         tally: Tally,
@@ -620,7 +621,12 @@ class AsyncClient(BaseClient):
     ) -> None:
         """Send one claimed intent in its turn, or hand it back (its origin paused, or stopping)."""
         record = opened.record
-        until = pace.paused_until(record.origin)  # a 429 heard while it waited for its turn
+        if pace.paused_until(origin) is None and not (stop.is_set() or self._closed):
+            gap = pace.gap(origin)
+            if gap > 0:  # it waited for its turn past its slot: no burst after a stall
+                with anyio.move_on_after(gap):
+                    await stop.wait()
+        until = pace.paused_until(origin)  # a 429 heard while it waited for its turn
         if until is not None:
             await self._hand_back(opened, until, thread, tally, "paused")
             return

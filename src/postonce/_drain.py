@@ -40,7 +40,7 @@ from ._exceptions import (
     PostonceError,
 )
 from ._intent import Census, Foreign, IntentRecord, Opened, State
-from ._pace import Pace
+from ._pace import Pace, pace_origin
 
 __all__ = [
     "FOREIGN_MARK",
@@ -711,7 +711,7 @@ class _Drain:
 
     def one(self, opened: Opened) -> None:
         """Send one claimed intent in its turn, or hand it back (stopping, or its origin paused)."""
-        origin = opened.record.origin
+        origin = pace_origin(opened.record)
         if self.pace.paused_until(origin) is None:  # a paused origin's claims go back at once
             wait = self.pace.slot(origin)
             if slot_after_lease(opened, self.clock(), wait):
@@ -721,6 +721,10 @@ class _Drain:
                 self.stop.wait(wait)  # a stop while waiting hands it back below
         turn = self.turns.take(self.pace.hearing(origin))
         try:
+            if self.pace.paused_until(origin) is None and not self.stopping():
+                gap = self.pace.gap(origin)
+                if gap > 0:  # it waited for its turn past its slot: no burst after a stall
+                    self.stop.wait(gap)
             # Looked at once the turn is taken, right before the send: a 429 heard
             # while this flow waited for its turn holds it back too.
             until = self.pace.paused_until(origin)

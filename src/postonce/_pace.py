@@ -11,7 +11,13 @@ flight go on. A pause is capped by the policy's ``retry_after_max``, as a
 retry's wait is, and each intent's horizon is checked again before its send.
 
 A drain can also be given a rate: at most ``rate`` sends a second to each
-origin, spaced evenly.
+origin, spaced evenly. A flow takes its slot before it waits for a send turn
+(so claims do not all queue for turns at once), and keeps its distance from
+the send before it once it has the turn: flows that waited out a stall past
+their slots do not send together when it ends.
+
+An intent stored without an origin (written before origins were kept) is
+paced by the origin of its URL.
 
 :func:`pause_asked` decides; :class:`Pace` keeps one drain's pauses and send
 slots (thread-safe: a sync drain's flows run on threads). Each drain process
@@ -25,9 +31,11 @@ import math
 import threading
 from collections.abc import Callable, Mapping
 
+from ._intent import IntentRecord
 from ._policy import retry_after
+from ._sender import origin_of
 
-__all__ = ["PAUSING", "Pace", "pause_asked"]
+__all__ = ["PAUSING", "Pace", "pace_origin", "pause_asked"]
 
 logger = logging.getLogger("postonce")
 
@@ -50,6 +58,11 @@ def pause_asked(status: int, headers: Mapping[str, str], now: float, cap: float)
     return now + min(wait, cap)
 
 
+def pace_origin(record: IntentRecord) -> str | None:
+    """The origin an intent is paced by: its stored one, else its URL's."""
+    return record.origin or origin_of(record.url)
+
+
 class Pace:
     """One drain's pauses and send slots per origin (see the module's docstring)."""
 
@@ -61,6 +74,7 @@ class Pace:
         self._spacing = None if rate is None else 1.0 / rate
         self._paused: dict[str, float] = {}
         self._next_slot: dict[str, float] = {}
+        self._last_send: dict[str, float] = {}
         self._lock = threading.Lock()
 
     def heard(self, origin: str, status: int, headers: Mapping[str, str]) -> None:
@@ -109,4 +123,15 @@ class Pace:
         with self._lock:
             at = max(now, self._next_slot.get(origin, now))
             self._next_slot[origin] = at + self._spacing
+        return at - now
+
+    def gap(self, origin: str | None) -> float:
+        """Seconds to wait, once a flow has its send turn, so that its send to ``origin``
+        follows the one before it by at least ``1 / rate`` (this send's time is taken)."""
+        if self._spacing is None or origin is None:
+            return 0.0
+        now = self._clock()
+        with self._lock:
+            at = max(now, self._last_send.get(origin, now - self._spacing) + self._spacing)
+            self._last_send[origin] = at
         return at - now
