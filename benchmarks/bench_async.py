@@ -80,16 +80,19 @@ class RunResult:
     rate: float  # requests per second
     batches: int  # writer-thread transactions during the timed part (postonce only)
     calls: int  # writer-thread store calls during the timed part (postonce only)
+    cpu: float = math.nan  # CPU seconds of this process (every thread) per timed request
 
 
 @dataclass
 class Results:
     rates: dict[tuple[int, Candidate], list[float]] = field(default_factory=dict)
     last: dict[tuple[int, Candidate], RunResult] = field(default_factory=dict)
+    cpu: dict[tuple[int, Candidate], list[float]] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
 
     def add(self, concurrency: int, candidate: Candidate, result: RunResult) -> None:
         self.rates.setdefault((concurrency, candidate), []).append(result.rate)
+        self.cpu.setdefault((concurrency, candidate), []).append(result.cpu)
         self.last[(concurrency, candidate)] = result
 
     def fail(
@@ -211,12 +214,15 @@ async def run_candidate(
             await pool(call, warmup, concurrency)
         batches_before, calls_before = _counters(client or floor)
         gc.collect()
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         await pool(call, requests, concurrency)
-        elapsed = time.perf_counter() - started
+        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
         batches_after, calls_after = _counters(client or floor)
         return RunResult(
-            requests / elapsed, batches_after - batches_before, calls_after - calls_before
+            requests / elapsed,
+            batches_after - batches_before,
+            calls_after - calls_before,
+            cpu / requests,
         )
     finally:
         with anyio.CancelScope(shield=True):
@@ -353,6 +359,15 @@ def report(results: Results, levels: Sequence[int]) -> None:
         f"httpx-aiohttp c={top}: postonce/raw {aio.text('.2f')}"
         f"{' (not measured: no repeat finished both arms)' if math.isnan(aio.median) else ''}; "
         f"the floor itself reaches {aio_floor.text('.2f')} of raw"
+    )
+    cpu = {
+        kind: 1e6 * finished(results.cpu.get((top, Candidate(kind, "aiohttp")), [])).median
+        for kind in KINDS
+    }
+    print(
+        f"client CPU per request, httpx-aiohttp c={top} (median, every thread of the client, "
+        f"which runs on one CPU): raw {cpu['raw']:.0f} us, floor {cpu['floor']:.0f} us, "
+        f"postonce {cpu['postonce']:.0f} us"
     )
     unstable = [
         f"{kind}/{transport} c={c}"

@@ -118,6 +118,24 @@ def test_raw_failing_at_the_top_level_is_flagged_and_left_out_of_the_best_level(
     assert "postonce 100 req/s / raw 100 req/s = x1.00" in out  # c=16's NaN left out
 
 
+def test_the_async_report_gives_the_clients_cpu_per_request_of_each_arm(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The client runs on one CPU, so its CPU per request explains each arm's rate: the
+    median over the repeats that finished (a failed run's left out)."""
+    cpu = {"raw": [500e-6, 520e-6], "floor": [550e-6, 540e-6], "postonce": [800e-6, 820e-6]}
+    results = at.Results()
+    for transport in at.TRANSPORTS:
+        for kind in at.KINDS:
+            candidate = at.Candidate(kind, transport)
+            for seconds in cpu[kind]:
+                results.add(64, candidate, at.RunResult(100.0, 1, 1, seconds))
+            results.fail(64, candidate, 3, OSError())  # a third repeat failed everywhere
+    at.report(results, [64])
+    out = capsys.readouterr().out
+    assert "raw 510 us, floor 545 us, postonce 810 us" in out
+
+
 class Group(Exception):
     """What an anyio task group raises: its tasks' errors in ``exceptions`` (3.10 has no
     builtin ExceptionGroup)."""
