@@ -398,6 +398,38 @@ def test_async_connections_commit_and_roll_back_with_the_application(
     assert server.requests_for(dropped) == []
 
 
+def test_an_async_client_asks_its_outbox_where_to_write_once_and_never_after_aclose(
+    server: LoopbackServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The outbox's answer (on PostgreSQL a query, on a worker thread) is kept: later
+    enqueues write at once. A closed client refuses an enqueue, cached answer or not."""
+    asked: list[str] = []
+    target_of = postonce.AsyncClient._target_of
+
+    def counted(store: Any, new: Any) -> Any:
+        asked.append(new.reference)
+        return target_of(store, new)
+
+    monkeypatch.setattr(postonce.AsyncClient, "_target_of", staticmethod(counted))
+
+    async def main(url: str) -> None:
+        client = postonce.AsyncClient(server.base_url, outbox=url, retry=FAST)
+        for intent in ("one", "two", "three"):
+            async with _async_transaction("psycopg") as (connection, end):
+                await client.enqueue(CHARGES, connection=connection, intent=intent, json={})
+                await end(True)
+        await client.aclose()
+        async with _async_transaction("psycopg") as (connection, end):
+            with pytest.raises(postonce.PostonceError, match="closed") as raised:
+                await client.enqueue(CHARGES, connection=connection, intent="late", json={})
+            await end(False)
+        assert raised.value.intent == "late"
+
+    with pg_schema() as url:
+        asyncio.run(main(url))
+    assert asked == ["one"]
+
+
 class _async_transaction:
     """``async with``: (the connection to pass, ``end(commit)``) of one async transaction."""
 

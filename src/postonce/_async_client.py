@@ -53,7 +53,7 @@ from ._observe import (
     sending,
     stop_collecting,
 )
-from ._outbox.base import Store
+from ._outbox.base import Store, Target
 from ._outbox.locate import OutboxSpec
 from ._outbox.sqlite import Durability
 from ._outbox.threaded import StoreThread, loop_notifier
@@ -152,6 +152,7 @@ class AsyncClient(BaseClient):
         )
         self._thread: StoreThread | None = None
         self._opening: anyio.Lock | None = None
+        self._target: Target | None = None  # where enqueue writes, once the outbox said
 
     # -- the outbox ----------------------------------------------------------
 
@@ -469,8 +470,12 @@ class AsyncClient(BaseClient):
         """
         new = self._plan_enqueue(method, url, options)
         try:
-            thread = await self._store_thread()
-            target = await anyio.to_thread.run_sync(self._target_of, thread.store, new)
+            self._check_released()
+            target = self._target
+            if target is None:  # asked once, off the loop (PostgreSQL answers with a query)
+                thread = await self._store_thread()
+                target = await anyio.to_thread.run_sync(self._target_of, thread.store, new)
+                self._target = target
         except PostonceError as exc:
             raise self._enqueue_refused(exc, new) from exc
         writer = await async_app_connection(connection, new)
