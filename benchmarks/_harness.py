@@ -1,18 +1,7 @@
 """What every benchmark script shares: the loopback server, the machine's facts, timing, spreads.
 
-* ``pinned_server``: a raw asyncio HTTP/1.1 keep-alive server (it answers every
-  POST ``201`` with a small JSON body) in its own process pinned to the second
-  CPU, this process pinned to the first, and a fresh work directory; all undone
-  on the way out, on Ctrl-C and on SIGTERM (``run_main``). Not uvicorn: its
-  pure-Python parser adds ~300 us a request, noise to what is measured.
-* ``print_facts``: the command, versions, CPUs, the filesystem of the outboxes
-  (a warning on tmpfs, where a FULL commit is free) and the load average.
-* ``Candidate`` and ``measure``: arms interleaved in seeded shuffled rounds, each
-  making ``block`` calls in a row, every call's latency kept per repeat.
-* ``Spread``: a figure's min/median/max over repeats, ``UNSTABLE`` when the
-  repeats differ by more than 30%; ``latency_report`` prints pooled
-  min/p50/p99/max and ratios against raw httpx and the durable floor.
-
+The server is a raw asyncio HTTP/1.1 keep-alive server (not uvicorn: its parser adds
+~300 us a request) in its own process on the second CPU, this process on the first.
 Nothing is ever asserted about a timing: the scripts only print.
 """
 

@@ -5,23 +5,9 @@ Run from the repository root::
     python benchmarks/bench_async.py                     # c=16,64, 3 repeats, ~2 min
     python benchmarks/bench_async.py --requests 100 --warmup 10 --repeats 1   # a smoke run
 
-Arms, each timed as requests per second (N requests / elapsed seconds), from C
-concurrent tasks pulling from one shared counter after an untimed warm-up:
-
-* ``raw``: ``httpx.AsyncClient.post`` with a fresh ``Idempotency-Key``;
-* ``floor``: ``floor.AsyncFloor`` (FULL), the same durable work with no feature;
-* ``postonce``: ``postonce.AsyncClient(durability="full").post_once(...)``,
-  a new intent per call, group-committed on the outbox's writer thread;
-
-each on httpx's own transport and on ``httpx_aiohttp.AiohttpTransport``, with
-``max_connections = max_keepalive_connections = C``. Every run gets a fresh
-client and outbox; the six arms run in a seeded shuffled order per repeat and
-level. Ratios are taken within each repeat. Raw at the highest level below
-0.8x raw at the lowest is FLAGGED: its own pool is the limit (httpx's default
-pool collapses at c=64 on loopback), and the best levels are compared instead.
-A run that raises (a transport error, ``--run-timeout``) loses only itself: it is
-printed ``FAILED``, left out of every figure and counted in the SUMMARY; an arm
-with no finished run shows ``nan`` and the script exits 1.
+Arms ``raw``, ``floor`` (``floor.AsyncFloor``, FULL) and ``postonce`` (FULL), each on
+httpx's own transport and on httpx-aiohttp. A run that raises loses only itself: it
+is printed ``FAILED`` and left out of every figure.
 """
 
 from __future__ import annotations

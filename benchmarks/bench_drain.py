@@ -4,33 +4,12 @@ Run from the repository root::
 
     python benchmarks/bench_drain.py                               # SQLite, c=1,4,8
     python benchmarks/bench_drain.py --backend postgres            # PostgreSQL (--pg URL)
+    python benchmarks/bench_drain.py --catch-up 100000 --concurrency 16   # after an outage
     python benchmarks/bench_drain.py --intents 200 --concurrency 4 --repeats 1   # a smoke run
 
-For each concurrency C, each repeat times, in a seeded shuffled order:
-
-* ``drain``: ``postonce.Client.drain(concurrency=C)`` finishing ``--intents`` due
-  intents in a fresh outbox (filled untimed, as a crashed sender leaves them:
-  leased by a dead owner, lease expired);
-* ``floor``: ``floor.drain_floor``, the least Python doing a drain's durable work
-  (claim under a lease, raw send, fenced record), on an outbox filled the same way;
-* ``raw``: ``httpx.Client.post`` of as many requests from C threads sharing one client.
-
-``--catch-up N`` measures instead a drain working through a backlog of N due
-intents, as after an outage, in each ``--shapes`` (``crash``: leased by a dead
-owner, lease expired; ``outage``: handed back after a failed send, due now)
-and ``--transport`` (``in-process``: an ``httpx.MockTransport``; ``loopback``:
-the server answering after ``--latency-ms``), from each count of ``--processes``
-drain processes (unpinned: on PostgreSQL, processes of one outbox). It prints a
-claim's p50 on the filled backlog, intents/s over the first and the last tenth
-of the backlog, the largest process's peak RSS, client CPU per intent, and
-checks that every intent was sent once.
-
-``--shell async`` times ``AsyncClient.drain`` against raw ``httpx.AsyncClient``
-from C tasks (no floor). Prints intents/s per arm (min/median/max over the
-repeats), drain/raw and drain/floor within each repeat, and each arm's client
-CPU per intent (user + system, every thread of this process) beside its wall
-time: an arm whose CPU is near its wall time is bound by the client's one
-interpreter.
+Arms: ``drain`` (``Client.drain``), ``floor`` (``floor.drain_floor``), ``raw`` (httpx
+from C threads); ``--shell async``: ``AsyncClient.drain`` against raw
+``httpx.AsyncClient``. ``--catch-up N``: a backlog of N due intents drained instead.
 """
 
 from __future__ import annotations

@@ -5,19 +5,8 @@ Run from the repository root::
     python benchmarks/bench_enqueue.py                       # both backends, ~1 min
     python benchmarks/bench_enqueue.py --transactions 20 --repeats 1   # a smoke run
 
-Two arms, interleaved in seeded shuffled order, each timing whole transactions
-on the application's own connection (``sqlite3`` on the application's file, with
-the outbox's tables inside it; psycopg 3 on the database that holds the outbox):
-
-* ``tx``: insert an order row, commit;
-* ``tx + enqueue``: insert an order row, ``client.enqueue(...)`` its charge, commit.
-
-Nothing is sent. Prints each arm's p50 and p99 (us) per repeat, and what enqueue
-adds at the median (min/median/max over the repeats). The commit's own cost (an
-fsync on SQLite with the default ``synchronous``; a WAL flush on PostgreSQL)
-is in both arms. Then, on PostgreSQL, ``--wakes`` intents enqueued one at a time
-while a worker drain (``interval=5``) runs: the delay from each commit to its
-send, which the commit's NOTIFY brings forward.
+Arms ``tx`` (insert, commit) and ``tx + enqueue``; then, on PostgreSQL, the delay from
+an enqueue's commit to its send by a worker drain (woken by the commit's NOTIFY).
 """
 
 from __future__ import annotations

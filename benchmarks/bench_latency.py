@@ -5,26 +5,9 @@ Run from the repository root::
     python benchmarks/bench_latency.py                      # 3 repeats x 200 rounds, ~2 min
     python benchmarks/bench_latency.py --rounds 5 --repeats 1 --warmup 1   # a smoke run
 
-Every arm POSTs the same small JSON body to the loopback server, one call at a
-time, interleaved: each round makes ``--block`` calls in a row of every arm, in
-an order shuffled by a seeded RNG, so drift hits all arms alike.
-
-* ``raw httpx``: ``httpx.Client.post`` with a fresh ``Idempotency-Key``;
-* ``floor NORMAL`` / ``floor FULL``: ``floor.Floor``, the least Python doing the
-  same durable work (write-ahead commit, raw send, answer commit);
-* ``postonce NORMAL`` / ``postonce FULL``: ``postonce.Client(durability=...)
-  .post_once(url, json=body, intent=postonce.ONE_OFF)``, a new intent per call;
-* ``stripe-python``: ``StripeClient(...).v1.payment_intents.create`` on its
-  ``HTTPXClient``, ``max_network_retries=2`` (its own in-memory retry loop);
-* ``tenacity`` / ``stamina``: ``httpx.Client.post`` + ``raise_for_status`` in a
-  retry loop of 5 attempts, one key per call;
-* ``DBOS``: one workflow per intent on a SQLite system database, its one step
-  making the POST with the workflow id as key; one call a round, not ``--block``.
-
-The peers run when installed (the ``bench`` extra has them); ``--no-peers``
-leaves them out. Each arm has its own ``httpx.Client``. The garbage collector
-stays on. Prints min/p50/p99/max per arm pooled over the repeats, the p50 and
-p99 of each repeat, and ratios to raw and to the floor of the same durability.
+Arms run one call at a time, interleaved in seeded shuffled rounds: raw httpx, the
+floors and postonce (NORMAL, FULL), and the peers when installed (stripe-python,
+tenacity, stamina, DBOS; ``--no-peers`` leaves them out).
 """
 
 from __future__ import annotations

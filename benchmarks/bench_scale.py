@@ -7,24 +7,9 @@ Run from the repository root::
     python benchmarks/bench_scale.py --sizes 5k,10k --backlogs 100,1k --backlog-rows 5k \\
         --samples 50 --claim-samples 10 --due 100          # a smoke run
 
-Part 1: for each size a fresh outbox is migrated by the store, then filled in
-one bulk transaction (SQLite ``executemany``, PostgreSQL ``COPY`` then ``VACUUM
-ANALYZE``): mostly finished intents (a third purged to tombstones; some failed,
-cancelled, expired), a few scheduled retries and live leases, and ``--due`` due
-intents spread through the table. Timed through the store's own API:
-
-* ``claim_due``: what each drain batch calls (``--limit`` 32), released untimed
-  after each sample so every sample finds the same due set;
-* ``open existing``: ``open_intent`` of a finished intent, as ``post_once`` with a
-  known ``intent=``; ``get``: ``Store.get(reference)``, what ``lookup`` calls;
-* ``open new``: the write-ahead of a new intent; shown, not judged (an fsync).
-
-A drain's speed and memory over a large backlog: ``bench_drain.py --catch-up``.
-
-Part 2 holds the table at ``--backlog-rows`` and grows the due backlog
-(``--backlogs``): the claim's cost with a backlog. The targets are printed,
-never asserted: claim p50 at the largest size <= 1.5x at the smallest, and at
-the largest backlog <= 1.5x at the smallest.
+Part 1 times ``claim_due``, ``open_intent`` (existing and new) and ``get`` on bulk-filled
+outboxes of each size; part 2 grows the due backlog at ``--backlog-rows``. Targets
+(<= 1.5x from the smallest to the largest) are printed, never asserted.
 """
 
 from __future__ import annotations

@@ -5,20 +5,8 @@ Run from the repository root::
     python benchmarks/bench_wal.py            # 3 repeats x 300 intents, ~30 s
     python benchmarks/bench_wal.py --intents 20 --warmup 20 --repeats 1   # a smoke run
 
-Nothing is timed: this counts what each intent writes to SQLite's write-ahead
-log, what a commit must get to disk and a checkpoint later copies back. Per arm
-and repeat, on a fresh file: ``--warmup`` intents; ``wal_checkpoint(TRUNCATE)``
-empties the ``-wal`` file and a side connection keeps a read transaction open,
-so no frame is copied back or overwritten; ``--intents`` intents, each answered
-``201`` on the first try; then the ``-wal`` file is parsed (frames of 24 bytes
-plus one page; a frame with a non-zero commit-size field ends a commit) and
-each frame's page is named by its B-tree through ``dbstat``.
-
-Arms: ``postonce`` (``post_once(url, json=body)``, a call that is its own
-intent), ``postonce intent=`` (the same with a caller reference), ``floor``
-and ``floor intent=`` (``floor.Floor``, without and with a reference). All use
-``--durability`` (default ``full``): it changes when pages are synced, not
-which pages are written. The page size is SQLite's default (4096 bytes).
+Nothing is timed: the ``-wal`` file is parsed after ``--intents`` intents (a reader
+pins the snapshot so no frame is copied back) and each page named through ``dbstat``.
 """
 
 from __future__ import annotations

@@ -1,22 +1,9 @@
 """The durable floors: the least Python doing postonce's durable work, and nothing else.
 
-Raw httpx writes nothing down, so "x raw" mixes what durability must cost with
-what postonce adds. Each floor is an arm of the benchmarks; ``postonce / floor``
-is the price of postonce's features (retries, classification, leases, horizons,
-fingerprints, secret scrubbing, senders, hooks) on the same path.
-
-* ``Floor`` (``bench_latency.py``, ``bench_wal.py``): mint a UUIDv4 key; commit
-  the intent (key, reference, method, URL, body) with ``synchronous`` NORMAL or
-  FULL before the first byte is sent; POST it with raw httpx and the key in
-  ``Idempotency-Key``; commit the answer (NORMAL) before returning. WAL mode, a
-  rowid table, a unique index on the key, a partial unique one on the reference.
-* ``AsyncFloor`` (``bench_async.py``): the same on an event loop, every write on
-  ONE writer thread that group-commits the writes of each loop turn.
-* ``drain_floor`` (``bench_drain.py``): claim a batch of due intents under a
-  lease in one durable transaction, send each with raw httpx, record each answer
-  fenced by the claim token, from ``concurrency`` threads.
-
-SQLite's automatic checkpoint stays on and runs inside the call that crosses it.
+``postonce / floor`` is the price of postonce's features on the same path.
+``Floor`` (bench_latency, bench_wal): write-ahead commit, raw httpx send, answer
+commit. ``AsyncFloor`` (bench_async): the same, group-committed on one writer
+thread. ``drain_floor`` (bench_drain): claim under a lease, send, fenced record.
 """
 
 from __future__ import annotations
