@@ -17,7 +17,6 @@ import asyncio
 import gc
 import math
 import random
-import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -90,6 +89,11 @@ class Results:
             f"{candidate.name} c={concurrency} repeat {repeat}: {type(error).__name__}"
         )
 
+    def per_batch(self, concurrency: int, candidate: Candidate) -> float:
+        """Store calls per writer transaction in the arm's last finished run (0 if none)."""
+        last = self.last.get((concurrency, candidate))
+        return last.calls / last.batches if last and last.batches else 0.0
+
     def failed(self, concurrency: int, candidate: Candidate) -> int:
         """How many of this arm's runs at this level failed."""
         return sum(math.isnan(rate) for rate in self.rates.get((concurrency, candidate), []))
@@ -161,6 +165,7 @@ async def run_candidate(
 ) -> RunResult:
     """One fresh client: warm up (untimed), then time ``requests`` calls."""
     http = make_http(candidate.transport, concurrency)
+    path = workdir / f"{candidate.kind}-{candidate.transport}-c{concurrency}-{uuid.uuid4()}.db"
     client: postonce.AsyncClient | None = None
     floor: AsyncFloor | None = None
     who = f"{candidate.name} c={concurrency}"
@@ -176,21 +181,14 @@ async def run_candidate(
 
             call = raw_call
         elif candidate.kind == "floor":
-            floordir = Path(
-                tempfile.mkdtemp(prefix=f"f{concurrency}-{candidate.transport}-", dir=workdir)
-            )
-            floor = made = AsyncFloor(floordir / "floor.sqlite3", "FULL", http)
+            floor = made = AsyncFloor(path, "FULL", http)
 
             async def floor_call() -> None:
                 check(await made.post_once(url, BODY), who)
 
             call = floor_call
         else:
-            rundir = Path(
-                tempfile.mkdtemp(prefix=f"c{concurrency}-{candidate.transport}-", dir=workdir)
-            )
-            once = postonce.AsyncClient(outbox=rundir / "outbox.sqlite3", http=http)
-            client = once
+            client = once = postonce.AsyncClient(outbox=path, http=http)
 
             async def postonce_call() -> None:
                 check(await once.post_once(url, json=BODY, intent=postonce.ONE_OFF), who)
@@ -287,11 +285,10 @@ def report(results: Results, levels: Sequence[int]) -> None:
     )
     for concurrency in levels:
         for transport in TRANSPORTS:
-            none = RunResult(math.nan, 0, 0)  # every run of the arm failed
-            last = results.last.get((concurrency, Candidate("postonce", transport)), none)
-            per_batch = last.calls / last.batches if last.batches else 0.0
-            lf = results.last.get((concurrency, Candidate("floor", transport)), none)
-            floor_per_batch = lf.calls / lf.batches if lf.batches else 0.0
+            per_batch, floor_per_batch = (
+                results.per_batch(concurrency, Candidate(kind, transport))
+                for kind in ("postonce", "floor")
+            )
             print(
                 f"{concurrency:>4}  {transport:<9}"
                 f"{rates(results, concurrency, 'raw', transport).text():>24}"
@@ -303,10 +300,8 @@ def report(results: Results, levels: Sequence[int]) -> None:
                 f"{per_batch:>13.1f}{floor_per_batch:>15.1f}"
             )
     print(
-        "(req/s: min/median/max over the repeats, UNSTABLE when they differ by > 30%; ratios "
-        "computed within each repeat; floor: floor.AsyncFloor, the same FULL write-ahead and "
-        "answer commits, group-committed as postonce's, with no other feature; calls/batch "
-        "and floor w/batch: store calls per transaction in the last run of each)"
+        "(req/s: min/median/max over the repeats; ratios within each repeat; calls/batch, "
+        "floor w/batch: store calls per transaction in the last run of each)"
     )
     print()
     low, top = min(levels), max(levels)
@@ -396,14 +391,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     common_args(parser)
     args = parser.parse_args(argv)
-    try:
-        args.levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
-    except ValueError:
-        parser.error("--concurrency takes comma-separated integers, e.g. 1,16,64")
-    if not args.levels or min(args.levels) < 1:
-        parser.error("--concurrency levels must be >= 1")
-    if args.requests < 1 or args.warmup < 0 or args.repeats < 1 or args.run_timeout <= 0:
-        parser.error("--requests and --repeats must be >= 1, --warmup >= 0, --run-timeout > 0")
+    args.levels = [int(c) for c in args.concurrency.split(",")]
+    if min(args.requests, args.repeats, *args.levels) < 1 or args.warmup < 0:
+        parser.error("--requests, --repeats and --concurrency must be >= 1, --warmup >= 0")
     return args
 
 

@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 import httpx
 from _harness import Spread, common_args, pinned_server, print_facts, run_main
@@ -53,38 +53,20 @@ class Used(NamedTuple):
     preempted: float  # involuntary ones: a thread taken off the CPU while it could run
 
 
-class Rusage(Protocol):
-    """The fields of ``resource.getrusage`` a run is charged from."""
-
-    @property
-    def ru_utime(self) -> float: ...
-    @property
-    def ru_stime(self) -> float: ...
-    @property
-    def ru_nvcsw(self) -> int: ...
-    @property
-    def ru_nivcsw(self) -> int: ...
-
-
-def client_usage() -> Rusage:
+def client_usage() -> Any:
     """This process's use so far: CPU (user, system) and context switches, all its threads."""
     return resource.getrusage(resource.RUSAGE_SELF)
 
 
 class Timed:
-    """One timed run: its wall time, and what the client spent over the very same span.
-
-    Entered where a timer starts its clock and left where it stops it, so an
-    arm is charged neither for building or closing its client nor for opening
-    its outbox, none of which its wall time holds.
-    """
+    """One timed run: its wall time, and what the client spent over the very same span."""
 
     def __init__(
         self,
         count: int,
         *,
         clock: Callable[[], float] = time.perf_counter,
-        usage: Callable[[], Rusage] = client_usage,
+        usage: Callable[[], Any] = client_usage,
     ) -> None:
         self.count = count
         self._clock = clock
@@ -112,14 +94,7 @@ class Timed:
 
 
 def cpu_line(rates: dict[str, list[float]], used: dict[str, list[Used]]) -> str:
-    """Each arm's client CPU per intent beside its wall time per intent, and its switches.
-
-    Medians over the repeats. The wall time is the median rate's inverse;
-    "busy" is CPU over wall, the share of the run the client's interpreter was
-    working (each a median of its own, so it can pass 100%). The client is
-    pinned to one CPU: a thread preempted there gave the CPU to another of its
-    threads or to a process woken beside it (a PostgreSQL backend, say).
-    """
+    """Each arm's client CPU per intent beside its wall time, and its switches (medians)."""
     parts = []
     for arm, runs in used.items():
         wall = 1e6 / statistics.median(rates[arm])
@@ -160,10 +135,7 @@ def open_call(
 
 
 def fill(path: Path | str, url: str, count: int, shape: str = "crash") -> None:
-    """Write ``count`` due intents, leased by a dead owner whose lease has run out.
-
-    ``shape="outage"``: each handed back instead (a failed send's release), due now.
-    """
+    """``count`` due intents leased by a dead owner, expired (``outage``: handed back)."""
     store = open_store(str(path), durability="normal")
     long_ago, sender = time.time() - 3600, sender_of(url)
     run_batch = getattr(store, "run_batch")  # noqa: B009 (both stores have it)
@@ -192,11 +164,7 @@ def release_kwargs(opened: Any, *, due_at: float | None) -> dict[str, object]:
 
 
 class Noting(httpx.BaseTransport):
-    """A transport noting when each request was answered, and the key it carried.
-
-    Compactly (8 bytes a time, 16 a key), so the drain process's peak RSS is
-    mostly the drain's: a list of floats and strings cost ~125 bytes an intent.
-    """
+    """Notes when each request was answered and its key, compactly: the RSS is the drain's."""
 
     def __init__(self, inner: httpx.BaseTransport) -> None:
         self.inner, self.times, self.keys = inner, array("d"), bytearray()
@@ -362,17 +330,16 @@ def time_floor(path: Path | str, url: str, concurrency: int, count: int) -> Time
     return timed
 
 
+def raw_headers() -> dict[str, str]:
+    return {"content-type": "application/json", "Idempotency-Key": str(uuid.uuid4())}
+
+
 def time_raw(url: str, concurrency: int, count: int) -> Timed:
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     with httpx.Client(limits=limits) as http:
 
         def one(_: int) -> None:
-            response = http.post(
-                url,
-                content=BODY,
-                headers={"content-type": "application/json", "Idempotency-Key": str(uuid.uuid4())},
-            )
-            response.raise_for_status()
+            http.post(url, content=BODY, headers=raw_headers()).raise_for_status()
 
         with Timed(count) as timed:
             if concurrency == 1:
@@ -407,15 +374,7 @@ def time_raw_async(url: str, concurrency: int, count: int) -> Timed:
 
             async def worker() -> None:
                 for _ in left:
-                    response = await http.post(
-                        url,
-                        content=BODY,
-                        headers={
-                            "content-type": "application/json",
-                            "Idempotency-Key": str(uuid.uuid4()),
-                        },
-                    )
-                    response.raise_for_status()
+                    (await http.post(url, content=BODY, headers=raw_headers())).raise_for_status()
 
             with Timed(count) as timed:
                 await asyncio.gather(*(worker() for _ in range(concurrency)))
