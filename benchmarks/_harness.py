@@ -52,9 +52,6 @@ _RESPONSE_201 = (
 _RESPONSE_405 = b"HTTP/1.1 405 Method Not Allowed\r\ncontent-length: 0\r\n\r\n"
 
 
-# -- spreads -----------------------------------------------------------------------
-
-
 def percentile(values: Iterable[float], q: float) -> float:
     """The ``q``-th percentile (0..100), linear interpolation between closest ranks."""
     ordered = sorted(values)
@@ -118,9 +115,6 @@ def target_line(name: str, ratio: float, target: float, *spreads: Spread) -> str
         if any(s.unstable for s in spreads):
             word += ", but UNSTABLE: re-run before quoting it"
     return f"target {name} <= {target:.2f}x: x{ratio:.2f} {word}"
-
-
-# -- the loopback server (its own process) ------------------------------------------
 
 
 class _HTTPProtocol(asyncio.Protocol):
@@ -227,9 +221,6 @@ def start_server(cpu: int | None, latency: float = 0.0) -> ServerProcess:
     return server
 
 
-# -- the frame every script runs in ---------------------------------------------------
-
-
 def filesystem_of(path: Path) -> tuple[str, str]:
     """(fstype, mount point) of the mount holding ``path``, from /proc/mounts."""
     target, best = str(path.resolve()), ("unknown", "")
@@ -261,10 +252,8 @@ class Pinned:
 
 @contextmanager
 def pinned_server(prefix: str, parent: Path | None, latency: float = 0.0) -> Iterator[Pinned]:
-    """A fresh work directory, the server on the second CPU and this process on the first.
-
-    ``latency``: seconds the server waits before each answer (0: at once).
-    """
+    """A fresh work directory, the server (answering after ``latency`` s) on the second CPU
+    and this process on the first."""
     cpus = available_cpus()
     pin = hasattr(os, "sched_setaffinity") and len(cpus) >= 2
     parent = parent or HERE
@@ -329,9 +318,6 @@ def check(response: httpx.Response, who: str) -> None:
         raise RuntimeError(f"{who}: expected 201 from the loopback server, got {response}")
 
 
-# -- per-call latency ------------------------------------------------------------------
-
-
 @dataclass
 class Candidate:
     """One arm: a call, timed; ``settle`` waits for work a call leaves behind (counted)."""
@@ -351,12 +337,8 @@ class Candidate:
 def run_rounds(
     candidates: Sequence[Candidate], rounds: int, rng: random.Random, keep: bool, block: int
 ) -> None:
-    """``rounds`` rounds; in each, every arm makes ``block`` calls in a row, arms shuffled.
-
-    What is still pending at the end of a block is waited for and added to its
-    last sample; SQLite's automatic checkpoints land in the call that crosses
-    the threshold: the tail is measured.
-    """
+    """``rounds`` rounds of ``block`` calls in a row per arm, arms shuffled; a block's last
+    sample holds its ``settle`` (what the calls left pending)."""
     order = list(candidates)
     clock = time.perf_counter_ns
     for _ in range(rounds):
@@ -398,12 +380,7 @@ def ratio(top: Candidate, bottom: Candidate, q: float) -> Spread:
 
 
 def latency_report(candidates: Sequence[Candidate], floor_of: dict[str, str]) -> list[str]:
-    """Print the latency table and the ratio lines; return the SUMMARY's parts.
-
-    ``floor_of`` names each arm's floor (the one of its durability); arms not in
-    it have no floor column. Pooled figures are over every repeat's calls; each
-    ratio is also taken within each repeat, its spread given as min/median/max.
-    """
+    """Print the latency table and the ratios to raw and to ``floor_of[arm]``; the SUMMARY."""
     by_name = {c.name: c for c in candidates}
     raw = by_name["raw httpx"]
     print("\nper-call latency in us, all repeats pooled; p50 and p99 per repeat min/median/max")
@@ -411,15 +388,18 @@ def latency_report(candidates: Sequence[Candidate], floor_of: dict[str, str]) ->
         f"{'arm':<17}{'n':>6}{'min':>7}{'p50':>7}{'p99':>8}{'max':>8}   "
         f"{'p50 per repeat':<26}p99 per repeat"
     )
+    per_repeat = {
+        c.name: [Spread.of(_us(r, q) for r in c.repeats) for q in (50, 99)] for c in candidates
+    }
     for c in candidates:
         pooled = [s for repeat in c.repeats for s in repeat]
-        p50 = Spread.of(_us(r, 50) for r in c.repeats)
-        p99 = Spread.of(_us(r, 99) for r in c.repeats)
+        p50, p99 = per_repeat[c.name]
         print(
             f"{c.name:<17}{len(pooled):>6}{_us(pooled, 0):>7.0f}{_us(pooled, 50):>7.0f}"
             f"{_us(pooled, 99):>8.0f}{_us(pooled, 100):>8.0f}   {p50.text():<26}{p99.text()}"
         )
     print("\nratios within each repeat, min/median/max over the repeats")
+    unstable = [c.name for c in candidates if any(s.unstable for s in per_repeat[c.name])]
     print(f"{'arm':<17}{'p50/raw':<26}{'p99/raw':<26}{'p50/floor':<26}floor")
     summary = [f"raw p50 {_us([s for r in raw.repeats for s in r], 50):.0f}us"]
     for c in candidates:
@@ -433,12 +413,6 @@ def latency_report(candidates: Sequence[Candidate], floor_of: dict[str, str]) ->
             f"{to_floor:<26}{floor.name if floor is not None else ''}"
         )
         summary.append(f"{c.name} x{p50.median:.2f}")
-    unstable = [
-        c.name
-        for c in candidates
-        if Spread.of(_us(r, 50) for r in c.repeats).unstable
-        or Spread.of(_us(r, 99) for r in c.repeats).unstable
-    ]
     if unstable:
         print(f"UNSTABLE (repeats differ by > 30% in p50 or p99): {', '.join(unstable)}")
     summary.append(f"unstable: {', '.join(unstable) or 'none'}")
