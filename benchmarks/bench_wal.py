@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import httpx
 from _harness import BODY, Spread, check, pinned_server, print_facts, run_main
@@ -30,15 +31,7 @@ import postonce
 _WAL_HEADER = 32
 _FRAME_HEADER = 24
 
-Arm = tuple[Callable[[], None], Callable[[], None], Callable[[], None]]  # call, settle, close
-
-
-@dataclass(frozen=True)
-class WalCount:
-    frames: int
-    commits: int
-    page_size: int
-    pages: tuple[int, ...]  # the page number of every frame, in order
+Arm = tuple[Callable[[], None], Callable[[], None]]  # call, settle
 
 
 @dataclass
@@ -49,26 +42,20 @@ class Result:
     intents: int = 0
 
 
-def count_wal(wal: Path) -> WalCount:
-    """Frames and commits in a ``-wal`` file that was never restarted."""
+def count_wal(wal: Path) -> tuple[list[int], int]:
+    """The page of every frame in a ``-wal`` file that was never restarted, and its commits."""
     data = wal.read_bytes()
     if len(data) < _WAL_HEADER:
-        return WalCount(0, 0, 4096, ())
-    page_size = int.from_bytes(data[8:12], "big")
-    salts = data[16:24]
-    frame_size = _FRAME_HEADER + page_size
-    frames = commits = 0
+        return [], 0
+    frame_size = _FRAME_HEADER + int.from_bytes(data[8:12], "big")
     pages: list[int] = []
-    at = _WAL_HEADER
-    while at + frame_size <= len(data):
-        if data[at + 8 : at + 16] != salts:
+    commits = 0
+    for at in range(_WAL_HEADER, len(data) - frame_size + 1, frame_size):
+        if data[at + 8 : at + 16] != data[16:24]:
             raise RuntimeError(f"{wal}: a frame from another WAL generation (restarted?)")
         pages.append(int.from_bytes(data[at : at + 4], "big"))
-        if int.from_bytes(data[at + 4 : at + 8], "big"):
-            commits += 1
-        frames += 1
-        at += frame_size
-    return WalCount(frames, commits, page_size, tuple(pages))
+        commits += int.from_bytes(data[at + 4 : at + 8], "big") != 0  # a commit's last frame
+    return pages, commits
 
 
 def btree_of_pages(path: Path) -> dict[int, str]:
@@ -84,47 +71,36 @@ def btree_of_pages(path: Path) -> dict[int, str]:
         conn.close()
 
 
-def open_arm(name: str, path: Path, url: str, durability: str) -> Arm:
-    http = httpx.Client()
+def open_arm(name: str, path: Path, url: str, durability: str, closing: ExitStack) -> Arm:
+    http = closing.enter_context(httpx.Client())
     numbers = itertools.count()
-    with_reference = name.endswith("intent=")
+
+    def reference() -> str | None:
+        return f"order-{next(numbers)}/charge" if name.endswith("intent=") else None
+
     if name.startswith("floor"):
         floor = Floor(path, "FULL" if durability == "full" else "NORMAL", http)
-
-        def floor_call() -> None:
-            reference = f"order-{next(numbers)}/charge" if with_reference else None
-            check(floor.post_once(url, BODY, reference), name)
-
-        def floor_close() -> None:
-            floor.close()
-            http.close()
-
-        return floor_call, lambda: None, floor_close
-    client = postonce.Client(
-        outbox=path, durability="full" if durability == "full" else "normal", http=http
-    )
+        closing.callback(floor.close)
+        return (
+            lambda: check(floor.post_once(url, BODY, reference()), name),
+            lambda: None,
+        )
+    level: Literal["full", "normal"] = "full" if durability == "full" else "normal"
+    client = postonce.Client(outbox=path, durability=level, http=http)
 
     def call() -> None:
-        if with_reference:
-            response = client.post_once(url, json=BODY, intent=f"order-{next(numbers)}/charge")
-        else:
-            response = client.post_once(url, json=BODY, intent=postonce.ONE_OFF)
-        check(response, name)
+        check(client.post_once(url, json=BODY, intent=reference() or postonce.ONE_OFF), name)
 
     def settle() -> None:
         client.outbox  # noqa: B018 - reading the property commits the write-behind queue
 
-    def close() -> None:
-        client.close()
-        http.close()
-
-    return call, settle, close
+    closing.callback(client.close)
+    return call, settle
 
 
 def measure(name: str, path: Path, url: str, args: argparse.Namespace, result: Result) -> None:
-    call, settle, close = open_arm(name, path, url, args.durability)
     with ExitStack() as closing:
-        closing.callback(close)
+        call, settle = open_arm(name, path, url, args.durability, closing)
         for _ in range(args.warmup):
             call()
         settle()
@@ -139,21 +115,19 @@ def measure(name: str, path: Path, url: str, args: argparse.Namespace, result: R
         for _ in range(args.intents):
             call()
         settle()
-        counted = count_wal(wal)
+        pages, commits = count_wal(wal)
         side.execute("ROLLBACK")
-    result.frames.append(counted.frames / args.intents)
-    result.commits.append(counted.commits / args.intents)
+    result.frames.append(len(pages) / args.intents)
+    result.commits.append(commits / args.intents)
     result.intents += args.intents
     names = btree_of_pages(path)
-    result.by_btree.update(names.get(page, "?") for page in counted.pages)
+    result.by_btree.update(names.get(page, "?") for page in pages)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--intents", type=int, default=300, help="counted intents per repeat")
-    parser.add_argument(
-        "--warmup", type=int, default=1000, help="uncounted intents first (default 1000)"
-    )
+    parser.add_argument("--warmup", type=int, default=1000, help="uncounted intents first")
     parser.add_argument("--repeats", type=int, default=3, help="repeats, each on a fresh file")
     parser.add_argument("--durability", choices=("full", "normal"), default="full")
     parser.add_argument("--dir", type=Path, default=None, help="parent of the work directory")
