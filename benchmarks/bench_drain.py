@@ -28,8 +28,9 @@ import sys
 import time
 import uuid
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from contextlib import contextmanager
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -267,19 +268,9 @@ def catch_up_main(args: argparse.Namespace, pinned: Any) -> int:
         "  peak RSS  CPU/intent"
     )
     worst = math.inf
-    for shape, transport, processes, c in itertools.product(
-        args.shapes, args.transports, args.process_counts, args.levels
-    ):
-        spec = (
-            str(pinned.workdir / f"catch-up-{uuid.uuid4().hex[:8]}.sqlite3")
-            if args.backend == "sqlite"
-            else fresh_postgres(args.pg)
-        )
-        try:
-            line, ratio = catch_up(args, pinned.server.url, spec, (shape, transport, processes, c))
-        finally:
-            if args.backend == "postgres":
-                drop_postgres(spec)
+    for run in itertools.product(args.shapes, args.transports, args.process_counts, args.levels):
+        with scratch_outbox(args, pinned.workdir, "catch-up") as spec:
+            line, ratio = catch_up(args, pinned.server.url, spec, run)
         print(line)
         sys.stdout.flush()
         worst = min(worst, ratio)
@@ -294,6 +285,24 @@ def catch_up_main(args: argparse.Namespace, pinned: Any) -> int:
 def fresh_postgres(base: str) -> str:
     """A PostgreSQL outbox URL in a new schema (dropped by drop_postgres)."""
     return f"{base}?schema=bench_{uuid.uuid4().hex[:10]}"
+
+
+@contextmanager
+def scratch_outbox(args: argparse.Namespace, workdir: Path, name: str) -> Iterator[str]:
+    """A new SQLite file in ``workdir`` or PostgreSQL schema at ``args.pg``, removed after."""
+    if args.backend == "postgres":
+        spec = fresh_postgres(args.pg)
+        try:
+            yield spec
+        finally:
+            drop_postgres(spec)
+        return
+    spec = str(workdir / f"{name}-{uuid.uuid4().hex[:8]}.sqlite3")
+    try:
+        yield spec
+    finally:
+        for suffix in ("", "-wal", "-shm"):
+            Path(spec + suffix).unlink(missing_ok=True)
 
 
 def drop_postgres(url: str) -> None:
@@ -405,17 +414,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def time_arm(arm: str, args: argparse.Namespace, url: str, outbox: Path | str, c: int) -> Timed:
-    """One timed run of ``arm``; a PostgreSQL outbox is dropped after it."""
+def time_arm(arm: str, args: argparse.Namespace, url: str, workdir: Path, c: int) -> Timed:
+    """One timed run of ``arm`` (a drain on a freshly filled outbox, removed after)."""
     if arm == "raw":
         return (time_raw if args.shell == "sync" else time_raw_async)(url, c, args.intents)
-    fill(outbox, url, args.intents)
     timer = {"drain": time_drain, "floor": time_floor}[arm]
-    try:
+    with scratch_outbox(args, workdir, f"{arm}-c{c}") as outbox:
+        fill(outbox, url, args.intents)
         return (time_drain_async if args.shell == "async" else timer)(outbox, url, c, args.intents)
-    finally:
-        if args.backend == "postgres":
-            drop_postgres(str(outbox))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -437,16 +443,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for c in args.levels:
             runs: dict[str, list[float]] = {arm: [] for arm in arms}
             cpu: dict[str, list[Used]] = {arm: [] for arm in arms}
-            for repeat in range(args.repeats):
-                order = list(arms)
-                rng.shuffle(order)
-                for arm in order:
-                    outbox: Path | str = (
-                        pinned.workdir / f"{arm}-c{c}-r{repeat}.sqlite3"
-                        if args.backend == "sqlite"
-                        else fresh_postgres(args.pg)
-                    )
-                    timed = time_arm(arm, args, url, outbox, c)
+            for _ in range(args.repeats):
+                for arm in rng.sample(arms, len(arms)):
+                    timed = time_arm(arm, args, url, pinned.workdir, c)
                     runs[arm].append(timed.rate)
                     cpu[arm].append(timed.used)
             results[c] = runs

@@ -24,7 +24,6 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 from _harness import (
@@ -35,7 +34,7 @@ from _harness import (
     run_main,
     target_line,
 )
-from bench_drain import BODY, drop_postgres, fresh_postgres, origin_of, sender_of
+from bench_drain import BODY, origin_of, scratch_outbox, sender_of
 
 from postonce._outbox.base import NewIntent, Store
 from postonce._outbox.locate import open_store, split_schema
@@ -290,35 +289,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print_facts(pinned, f"backend {args.backend}; claim limit {args.limit}; seed {args.seed}")
         url = pinned.server.url
 
-        def outbox() -> str:
-            if args.backend == "postgres":
-                return fresh_postgres(args.pg)
-            return str(pinned.workdir / f"outbox-{uuid.uuid4().hex[:8]}.sqlite3")
-
-        def discard(spec: str) -> None:
-            if args.backend == "postgres":
-                drop_postgres(spec)
-            for suffix in ("", "-wal", "-shm"):
-                Path(spec + suffix).unlink(missing_ok=True)
-
         sizes: dict[int, dict[str, list[float]]] = {}
         for rows in args.size_list:
-            spec = outbox()
-            try:
+            with scratch_outbox(args, pinned.workdir, "outbox") as spec:
                 sizes[rows] = measure(args, rows, args.due, url, spec, claims_only=False)
-            finally:
-                discard(spec)
             for name, samples in sizes[rows].items():
                 print(line(name, samples))
             sys.stdout.flush()
         print(f"\nbacklog: claim_due with more due intents, {args.backlog_total:,} rows")
         backlog: dict[int, list[float]] = {}
         for due in args.backlog_list:
-            spec = outbox()
-            try:
+            with scratch_outbox(args, pinned.workdir, "outbox") as spec:
                 backlog[due] = measure(args, args.backlog_total, due, url, spec, True)["claim_due"]
-            finally:
-                discard(spec)
             print(line("claim_due", backlog[due]))
 
     small, large = min(sizes), max(sizes)
