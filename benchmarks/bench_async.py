@@ -170,30 +170,24 @@ async def run_candidate(
     floor: AsyncFloor | None = None
     who = f"{candidate.name} c={concurrency}"
     try:
-        call: Callable[[], Awaitable[None]]
         if candidate.kind == "raw":
 
-            async def raw_call() -> None:
-                response = await http.post(
-                    url, json=BODY, headers={"Idempotency-Key": str(uuid.uuid4())}
-                )
-                check(response, who)
+            async def call() -> None:
+                headers = {"Idempotency-Key": str(uuid.uuid4())}
+                check(await http.post(url, json=BODY, headers=headers), who)
 
-            call = raw_call
         elif candidate.kind == "floor":
             floor = made = AsyncFloor(path, "FULL", http)
 
-            async def floor_call() -> None:
+            async def call() -> None:
                 check(await made.post_once(url, BODY), who)
 
-            call = floor_call
         else:
             client = once = postonce.AsyncClient(outbox=path, http=http)
 
-            async def postonce_call() -> None:
+            async def call() -> None:
                 check(await once.post_once(url, json=BODY, intent=postonce.ONE_OFF), who)
 
-            call = postonce_call
         if warmup:
             await pool(call, warmup, concurrency)
         batches_before, calls_before = _counters(client or floor)
@@ -201,12 +195,9 @@ async def run_candidate(
         started, cpu = time.perf_counter(), time.process_time()
         await pool(call, requests, concurrency)
         elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
-        batches_after, calls_after = _counters(client or floor)
+        batches, calls = _counters(client or floor)
         return RunResult(
-            requests / elapsed,
-            batches_after - batches_before,
-            calls_after - calls_before,
-            cpu / requests,
+            requests / elapsed, batches - batches_before, calls - calls_before, cpu / requests
         )
     finally:
         with anyio.CancelScope(shield=True):

@@ -147,9 +147,7 @@ def fill(path: Path | str, url: str, count: int, shape: str = "crash") -> None:
         ]
         opened = [checked(ok, result) for ok, result in run_batch(calls)]
         if shape == "outage":
-            released = [("release", release_kwargs(o, due_at=long_ago)) for o in opened]
-            for ok, result in run_batch(released):
-                checked(ok and result is True, result)
+            release_all(store, opened, due_at=long_ago)
     store.close()
 
 
@@ -159,9 +157,16 @@ def checked(ok: bool, result: Any) -> Any:
     return result
 
 
-def release_kwargs(opened: Any, *, due_at: float | None) -> dict[str, object]:
-    """A ``release`` call's arguments: ``opened``'s claim handed back, due at ``due_at``."""
-    return {"lease": opened.lease, "now": time.time(), "due_at": due_at, "anchor": None}
+def release_all(
+    store: Any, claimed: Sequence[Any], due_at: float | None = None, as_before: bool = False
+) -> None:
+    """Hand claims back due at ``due_at`` (``as_before``: as they were, as a drain stopping)."""
+    now, calls = time.time(), []
+    for o in claimed:
+        due, anchor = (o.record.due_at, o.anchor_before) if as_before else (due_at, None)
+        calls.append(("release", {"lease": o.lease, "now": now, "due_at": due, "anchor": anchor}))
+    for ok, result in store.run_batch(calls):
+        checked(ok and result is True, result)
 
 
 class Noting(httpx.BaseTransport):
@@ -222,9 +227,7 @@ def claim_p50(spec: str, url: str, samples: int = 5) -> float:
             sender=sender, origins=origins,
         )  # fmt: skip
         taken.append((time.perf_counter() - started) * 1e6)
-        run_batch = getattr(store, "run_batch")  # noqa: B009 (both stores have it)
-        for ok, result in run_batch([("release", release_kwargs(o, due_at=None)) for o in claimed]):
-            checked(ok and result is True, result)
+        release_all(store, claimed)
     store.close()
     return statistics.median(taken)
 

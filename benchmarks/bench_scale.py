@@ -34,9 +34,9 @@ from _harness import (
     run_main,
     target_line,
 )
-from bench_drain import BODY, origin_of, scratch_outbox, sender_of
+from bench_drain import BODY, origin_of, release_all, scratch_outbox, sender_of
 
-from postonce._outbox.base import NewIntent, Store
+from postonce._outbox.base import NewIntent
 from postonce._outbox.locate import open_store, split_schema
 
 TARGET = 1.5
@@ -160,22 +160,6 @@ def create(spec: str, rows: Iterator[tuple[Any, ...]]) -> None:
         pg.execute(sql.SQL("VACUUM ANALYZE {}").format(table))
 
 
-def release_all(store: Store, claimed: Sequence[Any]) -> None:
-    """Hand claims back as a stopping drain does: pending, due as before."""
-    now = time.time()
-    run_batch = getattr(store, "run_batch")  # noqa: B009 (both stores have it)
-    calls = [
-        (
-            "release",
-            {"lease": o.lease, "now": now, "due_at": o.record.due_at, "anchor": o.anchor_before},
-        )
-        for o in claimed
-    ]
-    for ok, result in run_batch(calls):
-        if not ok or result is not True:
-            raise RuntimeError(f"release failed: {result!r}")
-
-
 def timed(samples: int, call: Callable[[int], object]) -> list[float]:
     """``samples`` calls of ``call(n)``, each one's time in microseconds."""
     out = []
@@ -222,7 +206,7 @@ def measure(
             )
             if len(claimed) != min(args.limit, due):
                 raise RuntimeError(f"claimed {len(claimed)} of {min(args.limit, due)}")
-            release_all(store, claimed)
+            release_all(store, claimed, as_before=True)
 
         claim(0)  # untimed: a first claim reads what it needs into the caches
         ops["claim_due"] = timed(args.claim_samples, claim)
