@@ -121,9 +121,6 @@ def run_failure(error: BaseException) -> bool:
     return isinstance(error, RUN_FAILURES)
 
 
-# -- one candidate run -------------------------------------------------------------
-
-
 def make_http(transport: TransportName, concurrency: int) -> httpx.AsyncClient:
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     if transport == "aiohttp":
@@ -236,9 +233,6 @@ async def run_all(
                 line.append(f"{candidate.name} {result.rate:.0f}/s")
             print(f"repeat {repeat + 1} c={concurrency:<3} " + "  ".join(line), flush=True)
     return results
-
-
-# -- output ------------------------------------------------------------------------
 
 
 COLLAPSE = 0.8  # raw below 0.8x its own rate at a lower concurrency: its pool is the limit
@@ -367,9 +361,6 @@ def report(results: Results, levels: Sequence[int]) -> None:
         f"best default postonce/best default raw x{best_once / best_raw:.2f}; "
         f"unstable: {', '.join(unstable) or 'none'}; failed runs: {len(results.failures)}"
     )
-
-
-# -- main --------------------------------------------------------------------------
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import itertools
 import json
 import math
@@ -114,25 +113,14 @@ def sender_of(url: str) -> str:
     return postonce.Client(outbox=":memory:", base_url=origin_of(url)).sender
 
 
-def open_call(
-    reference: str, url: str, *, owner: str, now: float, lease_for: float, sender: str
-) -> tuple[str, dict[str, object]]:
-    """The store call that writes one benchmark intent ahead, leased to ``owner``."""
-    new = NewIntent(
-        reference=reference,
-        key=str(uuid.uuid4()),
-        key_given=False,
-        provider="ietf_draft",
-        method="POST",
-        url=url,
-        headers=(("content-type", "application/json"),),
-        body=BODY,
-        fingerprint=hashlib.sha256(reference.encode()).hexdigest(),
-        deadline_at=None,
-        sender=sender,
-        origin=origin_of(url),
-    )
-    return "open_intent", {"new": new, "owner": owner, "now": now, "lease_for": lease_for}
+def make_intent(reference: str, url: str, fingerprint: str, sender: str | None = None) -> NewIntent:
+    """A benchmark intent to open; with ``sender``, a drain's for ``url``'s origin."""
+    return NewIntent(
+        reference=reference, key=str(uuid.uuid4()), key_given=False, provider="ietf_draft",
+        method="POST", url=url, headers=(("content-type", "application/json"),), body=BODY,
+        fingerprint=fingerprint, deadline_at=None, sender=sender,
+        origin=origin_of(url) if sender else None,
+    )  # fmt: skip
 
 
 def fill(path: Path | str, url: str, count: int, shape: str = "crash") -> None:
@@ -140,9 +128,10 @@ def fill(path: Path | str, url: str, count: int, shape: str = "crash") -> None:
     store = open_store(str(path), durability="normal")
     long_ago, sender = time.time() - 3600, sender_of(url)
     run_batch = getattr(store, "run_batch")  # noqa: B009 (both stores have it)
+    ahead = {"owner": "dead/0", "now": long_ago, "lease_for": 1.0}  # a lease long run out
     for start in range(0, count, 1000):
         calls = [
-            open_call(f"bench-{i}", url, owner="dead/0", now=long_ago, lease_for=1.0, sender=sender)
+            ("open_intent", {"new": make_intent(f"bench-{i}", url, f"{i:064x}", sender), **ahead})
             for i in range(start, min(start + 1000, count))
         ]
         opened = [checked(ok, result) for ok, result in run_batch(calls)]

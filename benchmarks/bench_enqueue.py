@@ -123,10 +123,7 @@ class Sent(httpx.BaseTransport):
 
 
 def wake_delays(args: argparse.Namespace, pinned: Any) -> list[float]:
-    """PostgreSQL: from an enqueue's commit to its first send by a worker drain, in ms.
-
-    The worker's interval is 5 s: a send within it was woken by the commit's NOTIFY.
-    """
+    """PostgreSQL: ms from an enqueue's commit to its send by a worker drain (interval 5 s)."""
     app, sent = open_app("postgres", args, pinned.workdir), Sent(httpx.HTTPTransport())
     stop, delays = threading.Event(), []
     try:

@@ -34,7 +34,7 @@ from _harness import (
     run_main,
     target_line,
 )
-from bench_drain import BODY, origin_of, release_all, scratch_outbox, sender_of
+from bench_drain import BODY, make_intent, origin_of, release_all, scratch_outbox, sender_of
 
 from postonce._outbox.base import NewIntent
 from postonce._outbox.locate import open_store, split_schema
@@ -171,12 +171,7 @@ def timed(samples: int, call: Callable[[int], object]) -> list[float]:
 
 
 def new_intent(i: int) -> NewIntent:
-    return NewIntent(
-        reference=reference_of(i), key=str(uuid.uuid4()), key_given=False, provider="ietf_draft",
-        method="POST", url="https://api.example.com/v1/charges",
-        headers=(("content-type", "application/json"),), body=BODY, fingerprint=f"{i:064x}",
-        deadline_at=None,
-    )  # fmt: skip
+    return make_intent(reference_of(i), "https://api.example.com/v1/charges", f"{i:064x}")
 
 
 def measure(

@@ -112,12 +112,8 @@ def _settle(batch: list[_Write], results: list[int | BaseException]) -> None:
 
 
 class AsyncFloor:
-    """``Floor`` on an event loop: writes group-committed per loop turn on one writer thread.
-
-    A transaction holding a write-ahead commits with the arm's ``synchronous``, one
-    of answers alone with NORMAL. ``batches`` and ``writes`` count transactions and
-    the writes in them. It serves one event loop.
-    """
+    """``Floor`` on one event loop: each loop turn's writes group-committed on a writer thread
+    (with ``synchronous`` if one is a write-ahead, else NORMAL)."""
 
     def __init__(self, path: Path, synchronous: Synchronous, http: httpx.AsyncClient) -> None:
         self.synchronous = synchronous
@@ -225,10 +221,7 @@ Record = Callable[[int, bytes, int, str], bool]
 
 
 def drain_floor(outbox: str, http: httpx.Client, concurrency: int) -> int:
-    """Drain every due intent of ``outbox`` (a SQLite path or ``postgresql://…?schema=``).
-
-    Returns how many it finished.
-    """
+    """Drain every due intent of ``outbox`` (SQLite or ``postgresql://…?schema=``): how many."""
     if outbox.startswith(("postgresql://", "postgres://")):
         claim, record, close = _postgres(outbox)
     else:
