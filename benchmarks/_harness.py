@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 from multiprocessing.connection import Connection
@@ -224,23 +224,13 @@ def start_server(cpu: int | None, latency: float = 0.0) -> ServerProcess:
 def filesystem_of(path: Path) -> tuple[str, str]:
     """(fstype, mount point) of the mount holding ``path``, from /proc/mounts."""
     target, best = str(path.resolve()), ("unknown", "")
-    try:
-        lines = Path("/proc/mounts").read_text().splitlines()
-    except OSError:
-        return best
-    for line in lines:
-        fields = line.split()
-        mount = fields[1].replace("\\040", " ") if len(fields) > 2 else ""
-        inside = target == mount or target.startswith(mount.rstrip("/") + "/")
-        if mount and inside and len(mount) > len(best[1]):
-            best = (fields[2], mount)
+    with suppress(OSError):
+        for _, mount, fstype, *_ in map(str.split, Path("/proc/mounts").read_text().splitlines()):
+            mount = mount.replace("\\040", " ")
+            inside = target == mount or target.startswith(mount.rstrip("/") + "/")
+            if inside and len(mount) > len(best[1]):
+                best = (fstype, mount)
     return best
-
-
-def available_cpus() -> list[int]:
-    if hasattr(os, "sched_getaffinity"):
-        return sorted(os.sched_getaffinity(0))
-    return list(range(os.cpu_count() or 1))
 
 
 @dataclass(frozen=True)
@@ -254,8 +244,8 @@ class Pinned:
 def pinned_server(prefix: str, parent: Path | None, latency: float = 0.0) -> Iterator[Pinned]:
     """A fresh work directory, the server (answering after ``latency`` s) on the second CPU
     and this process on the first."""
-    cpus = available_cpus()
-    pin = hasattr(os, "sched_setaffinity") and len(cpus) >= 2
+    cpus = sorted(os.sched_getaffinity(0))  # Linux, as /proc/mounts
+    pin = len(cpus) >= 2
     parent = parent or HERE
     parent.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
@@ -329,10 +319,6 @@ class Candidate:
     samples: list[int] = field(default_factory=list)  # ns, the current repeat
     repeats: list[list[int]] = field(default_factory=list)
 
-    def end_repeat(self) -> None:
-        self.repeats.append(self.samples)
-        self.samples = []
-
 
 def run_rounds(
     candidates: Sequence[Candidate], rounds: int, rng: random.Random, keep: bool, block: int
@@ -363,7 +349,8 @@ def measure(candidates: Sequence[Candidate], args: argparse.Namespace) -> None:
     for number in range(1, args.repeats + 1):
         run_rounds(candidates, args.rounds, rng, True, args.block)
         for candidate in candidates:
-            candidate.end_repeat()
+            candidate.repeats.append(candidate.samples)
+            candidate.samples = []
         print(f"repeat {number}/{args.repeats} done at {time.monotonic() - started:.1f} s")
         sys.stdout.flush()
 

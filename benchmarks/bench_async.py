@@ -262,9 +262,8 @@ def _best(medians: Iterable[float]) -> float:
 
 
 def report(results: Results, levels: Sequence[int]) -> None:
-    print()
     print(
-        f"{'conc':>4}  {'transport':<9}{'raw req/s':>24}{'floor req/s':>24}"
+        f"\n{'conc':>4}  {'transport':<9}{'raw req/s':>24}{'floor req/s':>24}"
         f"{'postonce req/s':>24}{'postonce/raw':>24}{'floor/raw':>24}"
         f"{'postonce/floor':>24}{'calls/batch':>13}{'floor w/batch':>15}"
     )
@@ -286,9 +285,8 @@ def report(results: Results, levels: Sequence[int]) -> None:
             )
     print(
         "(req/s: min/median/max over the repeats; ratios within each repeat; calls/batch, "
-        "floor w/batch: store calls per transaction in the last run of each)"
+        "floor w/batch: store calls per transaction in the last run of each)\n"
     )
-    print()
     low, top = min(levels), max(levels)
     crippled = False
     for transport in TRANSPORTS:
@@ -368,9 +366,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--concurrency", default="16,64", help="comma-separated (default 16,64)")
     parser.add_argument("--requests", type=int, default=1500, help="timed requests per run")
     parser.add_argument("--warmup", type=int, default=200, help="untimed requests before each run")
-    parser.add_argument(
-        "--run-timeout", type=float, default=120.0, help="seconds one candidate run may take"
-    )
+    parser.add_argument("--run-timeout", type=float, default=120.0, help="seconds a run may take")
     common_args(parser)
     args = parser.parse_args(argv)
     args.levels = [int(c) for c in args.concurrency.split(",")]

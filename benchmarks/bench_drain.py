@@ -444,14 +444,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"concurrency {c}: intents/s min/median/max over the repeats")
             for arm, rates in runs.items():
                 print(f"  {arm:<6}{Spread.of(rates).text():>28}")
-            print(f"  drain/raw {paired(runs, 'raw').text('.2f')}", end="")
+            pairs = [("drain", "raw")]
             if "floor" in runs:
-                print(
-                    f"   drain/floor {paired(runs, 'floor').text('.2f')}   "
-                    f"floor/raw {paired(runs, 'raw', 'floor').text('.2f')}",
-                    end="",
-                )
-            print(f"   (within each repeat)\n  {cpu_line(runs, cpu)}")
+                pairs += [("drain", "floor"), ("floor", "raw")]
+            ratios = [f"{t}/{b} {paired(runs, b, t).text('.2f')}" for t, b in pairs]
+            print(f"  {'   '.join(ratios)}   (within each repeat)\n  {cpu_line(runs, cpu)}")
             sys.stdout.flush()
     parts = []
     for c, runs in results.items():

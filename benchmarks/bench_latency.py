@@ -122,13 +122,8 @@ def dbos_arm(dbos: Any, http: httpx.Client, url: str, database: Path) -> Candida
 
     charge = DBOS.workflow()(workflow)
 
-    DBOS(
-        config={
-            "name": "postonce-bench",
-            "system_database_url": f"sqlite:///{database}",
-            "log_level": "WARNING",
-        }
-    )
+    system = f"sqlite:///{database}"
+    DBOS(config={"name": "postonce-bench", "system_database_url": system, "log_level": "WARNING"})
     DBOS.launch()
     numbers = itertools.count()
 

@@ -155,9 +155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 path = pinned.workdir / f"r{repeat}-{number}.sqlite3"
                 measure(name, path, pinned.server.url, args, results[name])
         print(f"counted in {time.monotonic() - started:.1f} s")
-    print()
     print(
-        f"{'arm':<18}{'WAL pages/intent':>18}{'bytes/intent':>14}{'commits/intent':>16}"
+        f"\n{'arm':<18}{'WAL pages/intent':>18}{'bytes/intent':>14}{'commits/intent':>16}"
         "   pages/intent per repeat (min/median/max)"
     )
     summary: list[str] = []
@@ -169,8 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{commits.median:>16.2f}   {pages.text('.2f')}"
         )
         summary.append(f"{name}={pages.median:.2f}")
-    print("(bytes: frames of 24 + 4096 bytes; median over repeats)")
-    print()
+    print("(bytes: frames of 24 + 4096 bytes; median over repeats)\n")
     print("WAL pages per intent by B-tree (all repeats; from dbstat, '?' = unknown page):")
     for name, result in results.items():
         parts = ", ".join(
