@@ -323,10 +323,13 @@ class FaultProxy:
     async def _shutdown(self) -> None:
         if self._server is not None:
             self._server.close()
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        # Cancelled again until every connection has ended: on Python 3.11, asyncio.wait_for
+        # can swallow a cancellation that meets its inner result (an upstream answer arriving
+        # as we cancel), and that connection would go on to hold its answer for delay_hold.
+        while tasks := [task for task in self._tasks if not task.done()]:
+            for task in tasks:
+                task.cancel()
+            await asyncio.wait(tasks, timeout=0.1)
         if self._server is not None:
             await asyncio.wait_for(self._server.wait_closed(), timeout=5)
 

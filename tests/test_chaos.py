@@ -16,6 +16,7 @@ moments); the summary line names it, so a failing run can be repeated.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
@@ -24,6 +25,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -38,7 +40,7 @@ import pytest
 import postonce
 from postonce import State
 from tests.conftest import FAST, LoopbackServer
-from tests.fault_proxy import FAULT_KINDS, KINDS, FaultProxy
+from tests.fault_proxy import FAULT_KINDS, KINDS, FaultProxy, Message
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED = int(os.environ.get("POSTONCE_CHAOS_SEED", "20261130"))
@@ -225,6 +227,42 @@ def test_stop_ends_every_connection_even_held_ones(server: LoopbackServer) -> No
         sock.settimeout(2)
         assert sock.recv(1) == b""  # closed by the proxy, nothing relayed
         sock.close()
+
+
+def test_stop_ends_a_connection_that_swallowed_its_first_cancellation(
+    server: LoopbackServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On Python 3.11 ``asyncio.wait_for`` can swallow a cancellation that meets its inner
+    result (the upstream's answer arriving as stop() cancels the forward). The connection
+    then goes on to hold its delayed answer for ``delay_hold``; stop() cancels again until
+    every connection has ended (before: it waited 10 s for the hold, then raised)."""
+    swallowed = threading.Event()
+
+    async def forward_swallowing(self: FaultProxy, request: Any) -> Message:
+        try:
+            await asyncio.sleep(60)  # the upstream, still answering when stop() cancels
+        except asyncio.CancelledError:
+            swallowed.set()  # ... and wait_for returned its answer instead
+        return Message(raw=b"HTTP/1.1 201 Created\r\n\r\n", start_line="", headers=())
+
+    monkeypatch.setattr(FaultProxy, "_forward", forward_swallowing)
+    proxy = FaultProxy(server.base_url, seed=1, fault_rate=0.0, delay_hold=60.0)
+    proxy.start()
+    proxy.script("delay")
+    held = socket.create_connection(("127.0.0.1", int(proxy.url.rsplit(":", 1)[1])))
+    held.sendall(b"POST /ietf/v1/charges HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+    deadline = time.monotonic() + 5
+    while proxy.counts().get("delay", 0) == 0:
+        assert time.monotonic() < deadline, proxy.counts()
+        time.sleep(0.01)
+    began = time.monotonic()
+    proxy.stop()
+    assert time.monotonic() - began < 2.0
+    assert swallowed.is_set()
+    assert proxy.active_connections() == 0
+    held.settimeout(2)
+    assert held.recv(1) == b""
+    held.close()
 
 
 # -- the chaos run --------------------------------------------------------------------------
