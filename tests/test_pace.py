@@ -109,6 +109,22 @@ def test_a_send_keeps_its_distance_from_the_send_before_it(
     assert pace.gap(None) == 0.0
 
 
+def test_a_paused_origin_takes_no_slot_and_no_send_time() -> None:
+    """While ``a`` is paused its claims go back at once: no wait, and nothing taken that
+    would hold back its sends after the pause (its first one then waits for nothing)."""
+    now = [NOW]
+    pace = Pace(lambda: now[0], cap=60.0, rate=1.0)
+    pace.heard("https://a.test:443", 429, httpx.Headers({"Retry-After": "5"}))
+    assert [pace.slot("https://a.test:443") for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert [pace.gap("https://a.test:443") for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert pace.slot("https://b.test:443") == 0.0
+    assert pace.slot("https://b.test:443") == 1.0  # b is not paused: spaced
+    now[0] = NOW + 5
+    assert pace.slot("https://a.test:443") == 0.0
+    assert pace.gap("https://a.test:443") == 0.0
+    assert pace.slot("https://a.test:443") == 1.0
+
+
 @pytest.mark.parametrize(
     ("origin", "url", "paced_by"),
     [

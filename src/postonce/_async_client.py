@@ -527,11 +527,11 @@ class AsyncClient(BaseClient):
 
         async def one(opened: Opened) -> None:
             origin = pace_origin(opened.record)
-            wait = pace.slot(origin) if pace.paused_until(origin) is None else 0.0
+            wait = pace.slot(origin)  # (0 for a paused origin: its claims go back at once)
             if slot_after_lease(opened, self._clock(), wait):
                 await self._hand_back(opened, self._clock() + wait, thread, tally, "paused")
                 return
-            if wait > 0:  # (a paused origin's claims go back at once)
+            if wait > 0:
                 with anyio.move_on_after(wait):
                     await stop.wait()  # a stop while waiting hands it back in process()
             async with limiter:
@@ -626,11 +626,10 @@ class AsyncClient(BaseClient):
     ) -> None:
         """Send one claimed intent in its turn, or hand it back (its origin paused, or stopping)."""
         record = opened.record
-        if pace.paused_until(origin) is None and not (stop.is_set() or self._closed):
-            gap = pace.gap(origin)
-            if gap > 0:  # it waited for its turn past its slot: no burst after a stall
-                with anyio.move_on_after(gap):
-                    await stop.wait()
+        gap = pace.gap(origin)
+        if gap > 0:  # it waited for its turn past its slot: no burst after a stall
+            with anyio.move_on_after(gap):
+                await stop.wait()  # (a stop ends the wait and hands it back below)
         until = pace.paused_until(origin)  # a 429 heard while it waited for its turn
         if until is not None:
             await self._hand_back(opened, until, thread, tally, "paused")

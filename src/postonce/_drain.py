@@ -712,19 +712,17 @@ class _Drain:
     def one(self, opened: Opened) -> None:
         """Send one claimed intent in its turn, or hand it back (stopping, or its origin paused)."""
         origin = pace_origin(opened.record)
-        if self.pace.paused_until(origin) is None:  # a paused origin's claims go back at once
-            wait = self.pace.slot(origin)
-            if slot_after_lease(opened, self.clock(), wait):
-                self.hand_back(opened, self.clock() + wait, "paused")
-                return
-            if wait > 0:
-                self.stop.wait(wait)  # a stop while waiting hands it back below
+        wait = self.pace.slot(origin)  # (0 for a paused origin: its claims go back at once)
+        if slot_after_lease(opened, self.clock(), wait):
+            self.hand_back(opened, self.clock() + wait, "paused")
+            return
+        if wait > 0:
+            self.stop.wait(wait)  # a stop while waiting hands it back below
         turn = self.turns.take(self.pace.hearing(origin))
         try:
-            if self.pace.paused_until(origin) is None and not self.stopping():
-                gap = self.pace.gap(origin)
-                if gap > 0:  # it waited for its turn past its slot: no burst after a stall
-                    self.stop.wait(gap)
+            gap = self.pace.gap(origin)
+            if gap > 0:  # it waited for its turn past its slot: no burst after a stall
+                self.stop.wait(gap)  # (a stop ends the wait and hands it back below)
             # Looked at once the turn is taken, right before the send: a 429 heard
             # while this flow waited for its turn holds it back too.
             until = self.pace.paused_until(origin)

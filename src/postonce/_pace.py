@@ -74,7 +74,7 @@ class Pace:
         self._spacing = None if rate is None else 1.0 / rate
         self._paused: dict[str, float] = {}
         self._next_slot: dict[str, float] = {}
-        self._last_send: dict[str, float] = {}
+        self._next_send: dict[str, float] = {}  # (slots are taken before the turn, sends at it)
         self._lock = threading.Lock()
 
     def heard(self, origin: str, status: int, headers: Mapping[str, str]) -> None:
@@ -116,22 +116,28 @@ class Pace:
         return lambda status, headers: self.heard(origin, status, headers)
 
     def slot(self, origin: str | None) -> float:
-        """Seconds to wait before the next send to ``origin`` at the rate (taken by this call)."""
-        if self._spacing is None or origin is None:
-            return 0.0
-        now = self._clock()
-        with self._lock:
-            at = max(now, self._next_slot.get(origin, now))
-            self._next_slot[origin] = at + self._spacing
-        return at - now
+        """Seconds to wait before the next send to ``origin`` at the rate (taken by this call).
+
+        0 for an origin paused now, and no slot taken: its claims go back at once.
+        """
+        return self._take(self._next_slot, origin)
 
     def gap(self, origin: str | None) -> float:
         """Seconds to wait, once a flow has its send turn, so that its send to ``origin``
-        follows the one before it by at least ``1 / rate`` (this send's time is taken)."""
+        follows the one before it by at least ``1 / rate`` (this send's time is taken).
+
+        0 for an origin paused now, and nothing taken, as for :meth:`slot`.
+        """
+        return self._take(self._next_send, origin)
+
+    def _take(self, times: dict[str, float], origin: str | None) -> float:
+        """The wait for the next of ``times`` (one ``1 / rate`` apart for each origin), taken."""
         if self._spacing is None or origin is None:
             return 0.0
         now = self._clock()
         with self._lock:
-            at = max(now, self._last_send.get(origin, now - self._spacing) + self._spacing)
-            self._last_send[origin] = at
+            if self._paused.get(origin, 0.0) > now:
+                return 0.0
+            at = max(now, times.get(origin, now))
+            times[origin] = at + self._spacing
         return at - now
