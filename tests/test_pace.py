@@ -239,7 +239,7 @@ def test_an_async_drains_sends_keep_their_rate_after_a_slow_answer(
     arrived = sorted(r["at"] for r in requests_to(server, path))
     assert len(arrived) == N
     gaps = [later - earlier for earlier, later in itertools.pairwise(arrived)]
-    assert min(gaps) >= 0.09, gaps
+    assert min(gaps) >= 0.05, gaps  # one spacing is 0.1 s, a burst a few ms; arrival jitters
 
 
 # -- the drain loop with fakes: what a pause does to the rest of a batch -------------------
@@ -376,4 +376,4 @@ def test_sends_that_waited_out_a_stall_do_not_burst_when_it_ends(origin: str | N
     assert len(sent) == 4
     assert sent[1] >= 0.5  # behind the stall
     gaps = [later - earlier for earlier, later in itertools.pairwise(sent)]
-    assert min(gaps) >= 0.09, gaps
+    assert min(gaps) >= 0.05, gaps  # one spacing is 0.1 s, a burst a few ms; arrival jitters
