@@ -3,7 +3,7 @@
 Run from the repository root::
 
     python benchmarks/bench_async.py                     # c=16,64, 3 repeats, ~2 min
-    python benchmarks/bench_async.py --requests 100 --warmup 10 --repeats 1   # a smoke run
+    python benchmarks/bench_async.py --concurrency 64 --latency-ms 100   # a provider's round trip
 
 Arms ``raw``, ``floor`` (``floor.AsyncFloor``, FULL) and ``postonce`` (FULL), each on
 httpx's own transport and on httpx-aiohttp. A run that raises loses only itself: it
@@ -296,11 +296,9 @@ def report(results: Results, levels: Sequence[int]) -> None:
         raw_failed = results.failed(top, Candidate("raw", transport))
         collapsed = raw_top < COLLAPSE * raw_low or math.isnan(raw_top)
         if top > low and (collapsed or raw_failed):
-            seen = (
-                "no finished run"
-                if math.isnan(raw_top / raw_low)
-                else f"x{raw_top / raw_low:.2f} of c={low}"
-            )
+            seen = f"x{raw_top / raw_low:.2f} of c={low}"
+            if math.isnan(raw_top / raw_low):
+                seen = "no finished run"
             if raw_failed:
                 seen += f"; {raw_failed} of its runs failed"
             line += (
@@ -367,23 +365,25 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--requests", type=int, default=1500, help="timed requests per run")
     parser.add_argument("--warmup", type=int, default=200, help="untimed requests before each run")
     parser.add_argument("--run-timeout", type=float, default=120.0, help="seconds a run may take")
+    parser.add_argument("--latency-ms", type=float, default=0.0, help="the server's, per answer")
     common_args(parser)
     args = parser.parse_args(argv)
     args.levels = [int(c) for c in args.concurrency.split(",")]
-    if min(args.requests, args.repeats, *args.levels) < 1 or args.warmup < 0:
-        parser.error("--requests, --repeats and --concurrency must be >= 1, --warmup >= 0")
+    if min(args.requests, args.repeats, *args.levels) < 1 or min(args.warmup, args.latency_ms) < 0:
+        parser.error("--requests, --repeats, --concurrency >= 1; --warmup, --latency-ms >= 0")
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     levels: list[int] = args.levels
-    with pinned_server(".tmp-async-", args.dir) as pinned:
+    with pinned_server(".tmp-async-", args.dir, args.latency_ms / 1000) as pinned:
         print_facts(
             pinned,
             f"aiohttp {aiohttp.__version__}, httpx-aiohttp {metadata.version('httpx-aiohttp')}",
             f"{args.requests} timed requests (+{args.warmup} warm-up) per run, "
-            f"{args.repeats} repeats, seed {args.seed}, event loop: asyncio",
+            f"{args.repeats} repeats, seed {args.seed}, event loop: asyncio, server latency "
+            f"{args.latency_ms} ms",
         )
         started = time.monotonic()
         results = asyncio.run(run_all(args, levels, pinned.server.url, pinned.workdir))

@@ -162,6 +162,13 @@ def test_only_a_failed_run_is_recorded_a_bug_of_the_script_is_raised(
     assert at.run_failure(error) is is_run_failure
 
 
+@pytest.mark.parametrize("option", [["--latency-ms", "-1"], ["--warmup", "-1"], ["--repeats", "0"]])
+def test_the_async_script_refuses_a_negative_latency_or_an_empty_run(option: list[str]) -> None:
+    assert at.parse_args(["--latency-ms", "100"]).latency_ms == 100.0
+    with pytest.raises(SystemExit):
+        at.parse_args(option)
+
+
 def test_a_drain_arm_is_charged_what_its_timed_span_used_per_intent() -> None:
     """Usage read around the clock's own span, over the intents; the rate from that span."""
     marks: list[str] = []
@@ -339,7 +346,7 @@ SMOKE = {
     "latency": ["bench_latency.py", "--rounds", "3", "--warmup", "2", "--repeats", "1",
                 "--no-peers"],
     "async": ["bench_async.py", "--requests", "64", "--warmup", "8", "--repeats", "1",
-              "--concurrency", "8"],
+              "--concurrency", "8", "--latency-ms", "1"],
     "drain-sqlite": ["bench_drain.py", "--intents", "60", "--repeats", "1", "--concurrency", "2"],
     "drain-postgres": ["bench_drain.py", "--intents", "60", "--repeats", "1", "--concurrency",
                        "2", "--backend", "postgres", "--pg", PG],
