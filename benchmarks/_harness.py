@@ -295,6 +295,11 @@ def run_main(main: Callable[[], int]) -> None:
     sys.exit(code)
 
 
+def numbers(text: str) -> list[int]:
+    """A comma-separated list of whole numbers, as an argparse ``type`` ("1,4,8")."""
+    return [int(part) for part in text.split(",")]
+
+
 def common_args(parser: argparse.ArgumentParser, repeats: int = 3, seed: int = 12345) -> None:
     parser.add_argument("--repeats", type=int, default=repeats, help=f"(default {repeats})")
     parser.add_argument("--seed", type=int, default=seed, help="seed of the order of the arms")

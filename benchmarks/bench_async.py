@@ -34,6 +34,7 @@ from _harness import (
     check,
     common_args,
     finished,
+    numbers,
     pinned_server,
     print_facts,
     run_main,
@@ -361,14 +362,13 @@ def report(results: Results, levels: Sequence[int]) -> None:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--concurrency", default="16,64", help="comma-separated (default 16,64)")
+    parser.add_argument("--concurrency", dest="levels", type=numbers, default="16,64", help="16,64")
     parser.add_argument("--requests", type=int, default=1500, help="timed requests per run")
     parser.add_argument("--warmup", type=int, default=200, help="untimed requests before each run")
     parser.add_argument("--run-timeout", type=float, default=120.0, help="seconds a run may take")
     parser.add_argument("--latency-ms", type=float, default=0.0, help="the server's, per answer")
     common_args(parser)
     args = parser.parse_args(argv)
-    args.levels = [int(c) for c in args.concurrency.split(",")]
     if min(args.requests, args.repeats, *args.levels) < 1 or min(args.warmup, args.latency_ms) < 0:
         parser.error("--requests, --repeats, --concurrency >= 1; --warmup, --latency-ms >= 0")
     return args

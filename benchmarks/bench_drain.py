@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import httpx
-from _harness import Spread, common_args, pinned_server, print_facts, run_main
+from _harness import Spread, common_args, numbers, pinned_server, print_facts, run_main
 from floor import drain_floor
 
 import postonce
@@ -387,7 +387,7 @@ def time_raw_async(url: str, concurrency: int, count: int) -> Timed:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--intents", type=int, default=3000, help="per run (default 3000)")
-    parser.add_argument("--concurrency", default="1,4,8", help="comma-separated (default 1,4,8)")
+    parser.add_argument("--concurrency", dest="levels", type=numbers, default="1,4,8", help="1,4,8")
     parser.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite")
     parser.add_argument("--shell", choices=["sync", "async"], default="sync")
     parser.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432/test")
@@ -395,14 +395,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--shapes", default="crash,outage", help="catch-up: backlog shapes")
     parser.add_argument("--transport", default="in-process,loopback", help="catch-up")
     parser.add_argument("--latency-ms", type=float, default=20.0, help="catch-up: loopback")
-    parser.add_argument("--processes", default="1", help="catch-up: drain processes (1)")
+    parser.add_argument("--processes", dest="process_counts", type=numbers, default="1")
     common_args(parser, seed=7)
     args = parser.parse_args(argv)
-    args.levels = [int(c) for c in args.concurrency.split(",")]
     args.shapes, args.transports = args.shapes.split(","), args.transport.split(",")
-    args.process_counts = [int(p) for p in args.processes.split(",")]
-    if args.intents < 1 or args.repeats < 1 or min(args.levels) < 1:
-        parser.error("--intents, --repeats and every concurrency must be >= 1")
+    if min(args.intents, args.repeats, *args.levels, *args.process_counts) < 1:
+        parser.error("--intents, --repeats, every concurrency and process count must be >= 1")
     return args
 
 

@@ -30,16 +30,9 @@ __all__ = ["AsyncFloor", "Floor", "Synchronous", "drain_floor", "open_floor"]
 Synchronous = Literal["NORMAL", "FULL"]
 
 SCHEMA = (
-    "CREATE TABLE IF NOT EXISTS intents ("
-    " id INTEGER PRIMARY KEY,"
-    " key TEXT NOT NULL UNIQUE,"
-    " reference TEXT,"
-    " method TEXT NOT NULL,"
-    " url TEXT NOT NULL,"
-    " body BLOB NOT NULL,"
-    " status INTEGER,"
-    " response BLOB"
-    ")",
+    "CREATE TABLE IF NOT EXISTS intents (id INTEGER PRIMARY KEY, key TEXT NOT NULL UNIQUE,"
+    " reference TEXT, method TEXT NOT NULL, url TEXT NOT NULL, body BLOB NOT NULL,"
+    " status INTEGER, response BLOB)",
     "CREATE UNIQUE INDEX IF NOT EXISTS intents_reference ON intents (reference)"
     " WHERE reference IS NOT NULL",
 )

@@ -162,11 +162,32 @@ def test_only_a_failed_run_is_recorded_a_bug_of_the_script_is_raised(
     assert at.run_failure(error) is is_run_failure
 
 
-@pytest.mark.parametrize("option", [["--latency-ms", "-1"], ["--warmup", "-1"], ["--repeats", "0"]])
-def test_the_async_script_refuses_a_negative_latency_or_an_empty_run(option: list[str]) -> None:
-    assert at.parse_args(["--latency-ms", "100"]).latency_ms == 100.0
-    with pytest.raises(SystemExit):
-        at.parse_args(option)
+@pytest.mark.parametrize(
+    ("parse", "option"),
+    [
+        (at.parse_args, ["--latency-ms", "-1"]),
+        (at.parse_args, ["--warmup", "-1"]),
+        (at.parse_args, ["--repeats", "0"]),
+        (at.parse_args, ["--concurrency", "4,x"]),
+        (at.parse_args, ["--concurrency", "4,0"]),
+        (bd.parse_args, ["--concurrency", "two"]),
+        (bd.parse_args, ["--processes", "1,0"]),
+    ],
+    ids=lambda value: " ".join(value) if isinstance(value, list) else value.__module__,
+)
+def test_a_scripts_bad_option_is_an_argparse_error_not_a_traceback(
+    parse: Any, option: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse(option)
+    assert exited.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_the_scripts_read_their_lists_of_levels_and_a_latency() -> None:
+    args = at.parse_args(["--concurrency", "16,64", "--latency-ms", "100"])
+    assert (args.levels, args.latency_ms) == ([16, 64], 100.0)
+    assert bd.parse_args(["--processes", "1,2,4"]).process_counts == [1, 2, 4]
 
 
 def test_a_drain_arm_is_charged_what_its_timed_span_used_per_intent() -> None:
