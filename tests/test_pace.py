@@ -21,7 +21,16 @@ import pytest
 
 import postonce
 from postonce import State
-from postonce._drain import Tally, run_drain
+from postonce._drain import (
+    ClaimStep,
+    HandBack,
+    Pause,
+    Proceed,
+    TakeTurn,
+    Tally,
+    claim_steps,
+    run_drain,
+)
 from postonce._pace import Pace, pace_origin, pause_asked
 from tests.conftest import FAST, ClientFactory, LoopbackServer
 
@@ -253,6 +262,84 @@ def _claimed(i: int, lease_for: float = 3600.0, origin: str | None = "https://a.
     )
     lease = SimpleNamespace(expires_at=time.time() + lease_for)
     return SimpleNamespace(record=record, lease=lease, anchor_before=None)
+
+
+def _steps(pace: Pace, now: list[float], lease_for: float = 3600.0, **when: Any) -> list[Any]:
+    """Drive ``claim_steps`` for one claim at ``now``, as a drain would, and name its steps.
+
+    ``when``: what happens during a step of that name ("TakeTurn": the wait for the
+    turn), as a callable; "stopping" is what the drain answers when asked.
+    """
+    opened = _claimed(0, lease_for=lease_for)
+    opened.lease.expires_at = now[0] + lease_for
+    stopping = when.pop("stopping", False)
+    got: list[Any] = []
+    step: ClaimStep
+    for step in claim_steps(opened, pace, lambda: now[0], lambda: stopping):
+        if isinstance(step, Pause):  # to the microsecond: a clock's float sums drift below it
+            step = Pause(round(step.seconds, 6))
+        got.append(step if not isinstance(step, TakeTurn) else "turn")
+        when.get(type(step).__name__, lambda: None)()
+    return got
+
+
+def _hear_429(pace: Pace, seconds: int) -> Any:
+    return lambda: pace.heard(
+        "https://a.test:443", 429, httpx.Headers({"Retry-After": str(seconds)})
+    )
+
+
+def test_a_claim_on_its_own_takes_its_turn_and_proceeds() -> None:
+    now = [NOW]
+    assert _steps(Pace(lambda: now[0], cap=60.0), now) == ["turn", Proceed()]
+
+
+def test_a_claim_waits_for_its_rate_slot_before_it_takes_a_turn() -> None:
+    now = [NOW]
+    pace = Pace(lambda: now[0], cap=60.0, rate=2.0)
+    pace.slot("https://a.test:443")  # the claim before it
+    assert _steps(pace, now) == [Pause(0.5), "turn", Proceed()]
+
+
+def test_a_claim_whose_slot_comes_after_its_lease_goes_back_due_at_its_slot() -> None:
+    now = [NOW]
+    pace = Pace(lambda: now[0], cap=60.0, rate=1.0)
+    pace.slot("https://a.test:443")
+    assert _steps(pace, now, lease_for=1.5) == [HandBack(NOW + 1.0, "paused")]
+    assert _steps(pace, now, lease_for=3.5) == [Pause(2.0), "turn", Proceed()]
+
+
+def test_a_claim_to_a_paused_origin_goes_back_due_when_the_pause_ends() -> None:
+    now = [NOW]
+    pace = Pace(lambda: now[0], cap=60.0, rate=1.0)
+    _hear_429(pace, 5)()
+    assert _steps(pace, now) == ["turn", HandBack(NOW + 5, "paused")]
+
+
+def test_a_429_heard_while_a_claim_waited_for_its_turn_holds_it_back_too() -> None:
+    now = [NOW]
+    pace = Pace(lambda: now[0], cap=60.0)
+    assert _steps(pace, now, TakeTurn=_hear_429(pace, 5)) == ["turn", HandBack(NOW + 5, "paused")]
+
+
+def test_a_stopping_drain_hands_the_claim_back_as_it_was() -> None:
+    now = [NOW]
+    steps = _steps(Pace(lambda: now[0], cap=60.0), now, stopping=True)
+    assert steps == ["turn", HandBack(None, "pending")]
+
+
+def test_a_turn_reached_after_a_stall_keeps_its_send_one_spacing_after_the_last() -> None:
+    """Rate 10/s: the claim's slot (0.1 s) passed while it waited for its turn; the claim
+    that sent before it did so right then, so it waits one spacing more."""
+    now = [NOW]
+    pace = Pace(lambda: now[0], cap=60.0, rate=10.0)
+    pace.slot("https://a.test:443")  # the claim before it: slot now
+
+    def stalled() -> None:
+        now[0] = NOW + 0.5
+        assert pace.gap("https://a.test:443") == 0.0  # the one before sends at 0.5
+
+    assert _steps(pace, now, TakeTurn=stalled) == [Pause(0.1), "turn", Pause(0.1), Proceed()]
 
 
 def _drain_with_a_429(release: Any, *, forever: bool) -> tuple[Any, list[str], list[float]]:

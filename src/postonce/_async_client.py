@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Generator, Sequence
+from contextlib import AsyncExitStack
 from typing import Any, Literal
 
 import anyio
@@ -27,16 +28,19 @@ from ._drain import (
     JUST_BEFORE,
     AsyncTurns,
     DrainReport,
+    HandBack,
+    Pause,
+    TakeTurn,
     Tally,
     Turn,
     claim_failed,
+    claim_steps,
     count_outcome,
     flows_for,
     least_batch,
     next_batch,
     note_census,
     outbox_name,
-    slot_after_lease,
 )
 from ._exceptions import OutboxError, PostonceError
 from ._flow import Abandoned, Callback, Effect, Send, Sender, Sleep, StoreCall, run
@@ -57,7 +61,7 @@ from ._outbox.base import Store, Target
 from ._outbox.locate import OutboxSpec
 from ._outbox.sqlite import Durability
 from ._outbox.threaded import StoreThread, loop_notifier
-from ._pace import Pace, pace_origin
+from ._pace import Pace
 from ._policy import RetryPolicy
 from ._redirects import next_hop
 from ._settings import settings as checked_settings
@@ -525,22 +529,29 @@ class AsyncClient(BaseClient):
         # Paced as the sync drain's (see BATCH_SECONDS): one durable claim serves many sends.
         least = batch = least_batch(concurrency)
 
+        def stopping() -> bool:
+            return stop.is_set() or self._closed
+
         async def one(opened: Opened) -> None:
-            origin = pace_origin(opened.record)
-            wait = pace.slot(origin)  # (0 for a paused origin: its claims go back at once)
-            if slot_after_lease(opened, self._clock(), wait):
-                await self._hand_back(opened, self._clock() + wait, thread, tally, "paused")
-                return
-            if wait > 0:
-                with anyio.move_on_after(wait):
-                    await stop.wait()  # a stop while waiting hands it back in process()
-            async with limiter:
-                # Taken before the flow checks its deadline and lease.
-                turn = await turns.take(pace.hearing(origin))
+            """One claimed intent's steps (see ``claim_steps``), its turn taken within a flow."""
+            turn: Turn | None = None
+            async with AsyncExitStack() as flow:
                 try:
-                    await self._drain_one(opened, origin, turn, thread, tally, stop, pace)
+                    for step in claim_steps(opened, pace, self._clock, stopping):
+                        if isinstance(step, Pause):
+                            with anyio.move_on_after(step.seconds):
+                                await stop.wait()
+                        elif isinstance(step, TakeTurn):
+                            await flow.enter_async_context(limiter)
+                            turn = await turns.take(step.heard)
+                        elif isinstance(step, HandBack):
+                            await self._hand_back(opened, step.due_at, thread, tally, step.counted)
+                        else:
+                            assert turn is not None
+                            await self._send_claimed(opened, turn, thread, tally)
                 finally:
-                    turn.end()
+                    if turn is not None:
+                        turn.end()
 
         while not (stop.is_set() or self._closed):
             passed = time.monotonic()
@@ -614,29 +625,11 @@ class AsyncClient(BaseClient):
                 halt.set()
                 group.cancel_scope.cancel()
 
-    async def _drain_one(
-        self,
-        opened: Opened,
-        origin: str | None,
-        turn: Turn,
-        thread: StoreThread,
-        tally: Tally,
-        stop: anyio.Event,
-        pace: Pace,
+    async def _send_claimed(
+        self, opened: Opened, turn: Turn, thread: StoreThread, tally: Tally
     ) -> None:
-        """Send one claimed intent in its turn, or hand it back (its origin paused, or stopping)."""
+        """Run a claimed intent's drain flow in its turn, and count how it ended."""
         record = opened.record
-        gap = pace.gap(origin)
-        if gap > 0:  # it waited for its turn past its slot: no burst after a stall
-            with anyio.move_on_after(gap):
-                await stop.wait()  # (a stop ends the wait and hands it back below)
-        until = pace.paused_until(origin)  # a 429 heard while it waited for its turn
-        if until is not None:
-            await self._hand_back(opened, until, thread, tally, "paused")
-            return
-        if stop.is_set() or self._closed:
-            await self._hand_back(opened, None, thread, tally, "pending")
-            return
         try:
             outcome: object = await self._drive(
                 self._drain_flow(opened, tally), thread, record.reference, record.key, turn

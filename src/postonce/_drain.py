@@ -19,7 +19,7 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Generator, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -48,14 +48,20 @@ __all__ = [
     "ORPHANED_AFTER",
     "UNSENDABLE_WAIT",
     "AsyncTurns",
+    "ClaimStep",
     "DrainReport",
     "ForeignSender",
+    "HandBack",
     "Heard",
+    "Pause",
+    "Proceed",
+    "TakeTurn",
     "Tally",
     "Turn",
     "Turns",
     "Unsendable",
     "claim_failed",
+    "claim_steps",
     "describe_sender",
     "flows_for",
     "foreign_message",
@@ -598,6 +604,68 @@ def slot_after_lease(opened: Opened, now: float, wait: float) -> bool:
     return wait > 0 and lease is not None and now + wait > lease.expires_at - SLOT_MARGIN
 
 
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """Wait ``seconds``; a stop ends the wait early (the next step then sees it)."""
+
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class TakeTurn:
+    """Take a turn to send (waiting for one), telling its answers to ``heard``."""
+
+    heard: Heard | None
+
+
+@dataclass(frozen=True, slots=True)
+class HandBack:
+    """Release the claim unsent, due at ``due_at`` (None: as it was), counted as ``counted``."""
+
+    due_at: float | None
+    counted: str
+
+
+@dataclass(frozen=True, slots=True)
+class Proceed:
+    """Run the intent's flow in the turn taken: it sends, or finds why not."""
+
+
+ClaimStep = Pause | TakeTurn | HandBack | Proceed
+
+
+def claim_steps(
+    opened: Opened, pace: Pace, clock: Callable[[], float], stopping: Callable[[], bool]
+) -> Generator[ClaimStep, None, None]:
+    """The steps a drain takes with one claimed intent, for either drain to perform.
+
+    Its origin's rate slot first: a slot past the claim's lease hands it back
+    due then, any other is waited for. Then the turn to send (the shell gives
+    it back when the steps end). A flow that waited for its turn past its slot
+    keeps its send one spacing after the last (no burst after a stall). Looked
+    at once the turn is taken, right before the send: a pause a 429 set while
+    the flow waited holds it back too, and so does a stopping drain.
+    """
+    origin = pace_origin(opened.record)
+    wait = pace.slot(origin)  # (0 for a paused origin: its claims go back at once)
+    if slot_after_lease(opened, clock(), wait):
+        yield HandBack(clock() + wait, "paused")
+        return
+    if wait > 0:
+        yield Pause(wait)
+    yield TakeTurn(pace.hearing(origin))
+    gap = pace.gap(origin)
+    if gap > 0:
+        yield Pause(gap)
+    until = pace.paused_until(origin)
+    if until is not None:
+        yield HandBack(until, "paused")
+    elif stopping():
+        yield HandBack(None, "pending")
+    else:
+        yield Proceed()
+
+
 def run_drain(
     *,
     claim: Callable[[float, int, frozenset[str]], list[Opened]],
@@ -710,30 +778,22 @@ class _Drain:
         return self.stop.is_set() or self.closed()
 
     def one(self, opened: Opened) -> None:
-        """Send one claimed intent in its turn, or hand it back (stopping, or its origin paused)."""
-        origin = pace_origin(opened.record)
-        wait = self.pace.slot(origin)  # (0 for a paused origin: its claims go back at once)
-        if slot_after_lease(opened, self.clock(), wait):
-            self.hand_back(opened, self.clock() + wait, "paused")
-            return
-        if wait > 0:
-            self.stop.wait(wait)  # a stop while waiting hands it back below
-        turn = self.turns.take(self.pace.hearing(origin))
+        """Send one claimed intent in its turn, or hand it back (see :func:`claim_steps`)."""
+        turn: Turn | None = None
         try:
-            gap = self.pace.gap(origin)
-            if gap > 0:  # it waited for its turn past its slot: no burst after a stall
-                self.stop.wait(gap)  # (a stop ends the wait and hands it back below)
-            # Looked at once the turn is taken, right before the send: a 429 heard
-            # while this flow waited for its turn holds it back too.
-            until = self.pace.paused_until(origin)
-            if until is not None:
-                self.hand_back(opened, until, "paused")
-            elif self.stopping():
-                self.hand_back(opened, None, "pending")
-            else:
-                self.process(opened, turn)
+            for step in claim_steps(opened, self.pace, self.clock, self.stopping):
+                if isinstance(step, Pause):
+                    self.stop.wait(step.seconds)
+                elif isinstance(step, TakeTurn):
+                    turn = self.turns.take(step.heard)
+                elif isinstance(step, HandBack):
+                    self.hand_back(opened, step.due_at, step.counted)
+                else:
+                    assert turn is not None
+                    self.process(opened, turn)
         finally:
-            turn.end()
+            if turn is not None:
+                turn.end()
 
     def hand_back(self, opened: Opened, due_at: float | None, counted: str) -> None:
         """Release a claim unsent, counted as ``counted``; an outbox failure leaves the lease
