@@ -386,6 +386,36 @@ def test_async_drain_stop_event_ends_a_forever_drain(
     assert report.succeeded == 1
 
 
+def test_a_stop_ends_an_async_drains_wait_for_a_rate_slot(
+    server: LoopbackServer, outbox_path: Path
+) -> None:
+    """At 0.2 sends a second the second intent's slot is 5 s away; a stop 0.3 s in ends the
+    wait, and the intent goes back pending, unsent, within the second."""
+
+    async def main() -> tuple[postonce.DrainReport, float, list[postonce.IntentRecord | None]]:
+        async with postonce.AsyncClient(server.base_url, outbox=outbox_path, retry=FAST) as client:
+            for i in range(2):
+                await pending_via_503(client, f"slot-{i}")
+            stop = anyio.Event()
+            began = anyio.current_time()
+            async with anyio.create_task_group() as group:
+
+                async def stop_soon() -> None:
+                    await anyio.sleep(0.3)
+                    stop.set()
+
+                group.start_soon(stop_soon)
+                report = await client.drain(rate=0.2, stop=stop)
+            took = anyio.current_time() - began
+            return report, took, [await client.lookup(f"slot-{i}") for i in range(2)]
+
+    report, took, records = run(main)
+    assert took < 3.0
+    assert (report.claimed, report.sent, report.succeeded, report.pending) == (2, 1, 1, 1)
+    states = sorted((r.state.value, r.lease_owner) for r in records if r is not None)
+    assert states == [("pending", None), ("succeeded", None)]
+
+
 def test_async_drain_flow_waiting_for_its_turn_when_stopped_sends_nothing(
     server: LoopbackServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:

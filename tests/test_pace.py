@@ -268,7 +268,8 @@ def _steps(pace: Pace, now: list[float], lease_for: float = 3600.0, **when: Any)
     """Drive ``claim_steps`` for one claim at ``now``, as a drain would, and name its steps.
 
     ``when``: what happens during a step of that name ("TakeTurn": the wait for the
-    turn), as a callable; "stopping" is what the drain answers when asked.
+    turn), a callable given the step; "stopping" is what the drain answers when asked.
+    A turn is named "turn" when its answers reach the pace, else "turn, deaf".
     """
     opened = _claimed(0, lease_for=lease_for)
     opened.lease.expires_at = now[0] + lease_for
@@ -278,15 +279,16 @@ def _steps(pace: Pace, now: list[float], lease_for: float = 3600.0, **when: Any)
     for step in claim_steps(opened, pace, lambda: now[0], lambda: stopping):
         if isinstance(step, Pause):  # to the microsecond: a clock's float sums drift below it
             step = Pause(round(step.seconds, 6))
-        got.append(step if not isinstance(step, TakeTurn) else "turn")
-        when.get(type(step).__name__, lambda: None)()
+        if isinstance(step, TakeTurn):
+            got.append("turn" if step.heard is not None else "turn, deaf")
+        else:
+            got.append(step)
+        when.get(type(step).__name__, lambda step: None)(step)
     return got
 
 
-def _hear_429(pace: Pace, seconds: int) -> Any:
-    return lambda: pace.heard(
-        "https://a.test:443", 429, httpx.Headers({"Retry-After": str(seconds)})
-    )
+def _hear_429(pace: Pace, seconds: int) -> None:
+    pace.heard("https://a.test:443", 429, httpx.Headers({"Retry-After": str(seconds)}))
 
 
 def test_a_claim_on_its_own_takes_its_turn_and_proceeds() -> None:
@@ -312,14 +314,30 @@ def test_a_claim_whose_slot_comes_after_its_lease_goes_back_due_at_its_slot() ->
 def test_a_claim_to_a_paused_origin_goes_back_due_when_the_pause_ends() -> None:
     now = [NOW]
     pace = Pace(lambda: now[0], cap=60.0, rate=1.0)
-    _hear_429(pace, 5)()
+    _hear_429(pace, 5)
     assert _steps(pace, now) == ["turn", HandBack(NOW + 5, "paused")]
 
 
-def test_a_429_heard_while_a_claim_waited_for_its_turn_holds_it_back_too() -> None:
+def test_a_paused_origin_wins_over_a_stopping_drain() -> None:
+    """Handed back due when the pause ends, not as it was: the next drain must not send
+    into the window the provider asked for."""
     now = [NOW]
     pace = Pace(lambda: now[0], cap=60.0)
-    assert _steps(pace, now, TakeTurn=_hear_429(pace, 5)) == ["turn", HandBack(NOW + 5, "paused")]
+    _hear_429(pace, 5)
+    assert _steps(pace, now, stopping=True) == ["turn", HandBack(NOW + 5, "paused")]
+
+
+def test_a_429_heard_while_a_claim_waited_for_its_turn_holds_it_back_too() -> None:
+    """Another flow's turn hears the 429 (through the ``heard`` its step carries)."""
+    now = [NOW]
+    pace = Pace(lambda: now[0], cap=60.0)
+
+    def another_flows_429(step: TakeTurn) -> None:
+        assert step.heard is not None
+        step.heard(429, httpx.Headers({"Retry-After": "5"}))
+
+    steps = _steps(pace, now, TakeTurn=another_flows_429)
+    assert steps == ["turn", HandBack(NOW + 5, "paused")]
 
 
 def test_a_stopping_drain_hands_the_claim_back_as_it_was() -> None:
@@ -335,11 +353,33 @@ def test_a_turn_reached_after_a_stall_keeps_its_send_one_spacing_after_the_last(
     pace = Pace(lambda: now[0], cap=60.0, rate=10.0)
     pace.slot("https://a.test:443")  # the claim before it: slot now
 
-    def stalled() -> None:
+    def stalled(step: TakeTurn) -> None:
         now[0] = NOW + 0.5
         assert pace.gap("https://a.test:443") == 0.0  # the one before sends at 0.5
 
     assert _steps(pace, now, TakeTurn=stalled) == [Pause(0.1), "turn", Pause(0.1), Proceed()]
+
+
+def test_a_stop_ends_a_drains_wait_for_a_rate_slot_and_hands_the_claim_back() -> None:
+    """At 0.2 sends a second the second claim's slot is 5 s away; a stop 0.3 s in ends the
+    wait, and the claim goes back due as it was, unsent."""
+    stop = threading.Event()
+    batches = [[_claimed(i) for i in range(2)]]
+    sent: list[str] = []
+    released: list[tuple[str, float | None]] = []
+    threading.Timer(0.3, stop.set).start()
+    began = time.monotonic()
+    report = run_drain(
+        claim=lambda due_by, limit, paused: batches.pop(0) if batches else [],
+        process=lambda opened, turn: sent.append(opened.record.reference),
+        release=lambda opened, due_at: released.append((opened.record.reference, due_at)),
+        clock=time.time, tally=Tally(), forever=False, interval=0.05, concurrency=1, flows=1,
+        stop=stop, pace=Pace(time.time, cap=60.0, rate=0.2),
+    )  # fmt: skip
+    assert time.monotonic() - began < 3.0
+    assert sent == ["r0"]
+    assert released == [("r1", None)]
+    assert report.pending == 1
 
 
 def _drain_with_a_429(release: Any, *, forever: bool) -> tuple[Any, list[str], list[float]]:
