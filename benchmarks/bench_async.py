@@ -362,21 +362,23 @@ def report(results: Results, levels: Sequence[int]) -> None:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--concurrency", dest="levels", type=numbers, default="16,64", help="16,64")
+    parser.add_argument("--concurrency", type=numbers, default="16,64", help="comma-separated")
     parser.add_argument("--requests", type=int, default=1500, help="timed requests per run")
     parser.add_argument("--warmup", type=int, default=200, help="untimed requests before each run")
     parser.add_argument("--run-timeout", type=float, default=120.0, help="seconds a run may take")
     parser.add_argument("--latency-ms", type=float, default=0.0, help="the server's, per answer")
     common_args(parser)
     args = parser.parse_args(argv)
-    if min(args.requests, args.repeats, *args.levels) < 1 or min(args.warmup, args.latency_ms) < 0:
-        parser.error("--requests, --repeats, --concurrency >= 1; --warmup, --latency-ms >= 0")
+    if min(args.requests, args.repeats, *args.concurrency) < 1 or args.warmup < 0:
+        parser.error("--requests, --repeats, --concurrency must be >= 1, --warmup >= 0")
+    if not 0 <= args.latency_ms < math.inf:
+        parser.error("--latency-ms must be a finite number >= 0")
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    levels: list[int] = args.levels
+    levels: list[int] = args.concurrency
     with pinned_server(".tmp-async-", args.dir, args.latency_ms / 1000) as pinned:
         print_facts(
             pinned,

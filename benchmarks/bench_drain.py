@@ -260,7 +260,7 @@ def catch_up_main(args: argparse.Namespace, pinned: Any) -> int:
         "  peak RSS  CPU/intent"
     )
     worst = math.inf
-    for run in itertools.product(args.shapes, args.transports, args.process_counts, args.levels):
+    for run in itertools.product(args.shapes, args.transports, args.processes, args.concurrency):
         with scratch_outbox(args, pinned.workdir, "catch-up") as spec:
             line, ratio = catch_up(args, pinned.server.url, spec, run)
         print(line)
@@ -387,7 +387,7 @@ def time_raw_async(url: str, concurrency: int, count: int) -> Timed:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--intents", type=int, default=3000, help="per run (default 3000)")
-    parser.add_argument("--concurrency", dest="levels", type=numbers, default="1,4,8", help="1,4,8")
+    parser.add_argument("--concurrency", type=numbers, default="1,4,8", help="comma-separated")
     parser.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite")
     parser.add_argument("--shell", choices=["sync", "async"], default="sync")
     parser.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432/test")
@@ -395,11 +395,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--shapes", default="crash,outage", help="catch-up: backlog shapes")
     parser.add_argument("--transport", default="in-process,loopback", help="catch-up")
     parser.add_argument("--latency-ms", type=float, default=20.0, help="catch-up: loopback")
-    parser.add_argument("--processes", dest="process_counts", type=numbers, default="1")
+    parser.add_argument("--processes", type=numbers, default="1", help="catch-up: 1,2,4 ...")
     common_args(parser, seed=7)
     args = parser.parse_args(argv)
     args.shapes, args.transports = args.shapes.split(","), args.transport.split(",")
-    if min(args.intents, args.repeats, *args.levels, *args.process_counts) < 1:
+    if min(args.intents, args.repeats, *args.concurrency, *args.processes) < 1:
         parser.error("--intents, --repeats, every concurrency and process count must be >= 1")
     return args
 
@@ -430,7 +430,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{args.repeats} repeats, seed {args.seed}",
         )
         url = pinned.server.url
-        for c in args.levels:
+        for c in args.concurrency:
             runs: dict[str, list[float]] = {arm: [] for arm in arms}
             cpu: dict[str, list[Used]] = {arm: [] for arm in arms}
             for _ in range(args.repeats):

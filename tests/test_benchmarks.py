@@ -166,6 +166,7 @@ def test_only_a_failed_run_is_recorded_a_bug_of_the_script_is_raised(
     ("parse", "option"),
     [
         (at.parse_args, ["--latency-ms", "-1"]),
+        (at.parse_args, ["--latency-ms", "nan"]),
         (at.parse_args, ["--warmup", "-1"]),
         (at.parse_args, ["--repeats", "0"]),
         (at.parse_args, ["--concurrency", "4,x"]),
@@ -186,8 +187,8 @@ def test_a_scripts_bad_option_is_an_argparse_error_not_a_traceback(
 
 def test_the_scripts_read_their_lists_of_levels_and_a_latency() -> None:
     args = at.parse_args(["--concurrency", "16,64", "--latency-ms", "100"])
-    assert (args.levels, args.latency_ms) == ([16, 64], 100.0)
-    assert bd.parse_args(["--processes", "1,2,4"]).process_counts == [1, 2, 4]
+    assert (args.concurrency, args.latency_ms) == ([16, 64], 100.0)
+    assert bd.parse_args(["--processes", "1,2,4"]).processes == [1, 2, 4]
 
 
 def test_a_drain_arm_is_charged_what_its_timed_span_used_per_intent() -> None:

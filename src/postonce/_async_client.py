@@ -548,7 +548,7 @@ class AsyncClient(BaseClient):
                             await self._hand_back(opened, step.due_at, thread, tally, step.counted)
                         else:
                             assert turn is not None
-                            await self._send_claimed(opened, turn, thread, tally)
+                            await self._drain_claimed(opened, turn, thread, tally)
                 finally:
                     if turn is not None:
                         turn.end()
@@ -625,7 +625,7 @@ class AsyncClient(BaseClient):
                 halt.set()
                 group.cancel_scope.cancel()
 
-    async def _send_claimed(
+    async def _drain_claimed(
         self, opened: Opened, turn: Turn, thread: StoreThread, tally: Tally
     ) -> None:
         """Run a claimed intent's drain flow in its turn, and count how it ended."""

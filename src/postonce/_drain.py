@@ -606,7 +606,7 @@ def slot_after_lease(opened: Opened, now: float, wait: float) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Pause:
-    """Wait ``seconds``; a stop ends the wait early (the next step then sees it)."""
+    """Wait ``seconds``; a stop ends the wait early (the claim goes back once its turn is taken)."""
 
     seconds: float
 
