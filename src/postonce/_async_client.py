@@ -553,7 +553,7 @@ class AsyncClient(BaseClient):
                     if turn is not None:
                         turn.end()
 
-        while not (stop.is_set() or self._closed):
+        while not stopping():
             passed = time.monotonic()
             due_by = self._clock() if forever else started - JUST_BEFORE
             call = self._claim_call(due_by, batch, pace.paused())

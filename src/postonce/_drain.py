@@ -647,7 +647,7 @@ def claim_steps(
     the flow waited holds it back too, and so does a stopping drain.
     """
     origin = pace_origin(opened.record)
-    wait = pace.slot(origin)  # (0 for a paused origin: its claims go back at once)
+    wait = pace.slot(origin)  # (0 for a paused origin: no wait; it goes back after its turn)
     if slot_after_lease(opened, clock(), wait):
         yield HandBack(clock() + wait, "paused")
         return
